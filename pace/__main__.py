@@ -1,0 +1,3 @@
+from pace.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,56 @@
+"""The exception tree of pace.
+
+Each exception maps to one outcome the CLI reports (exit codes in DESIGN.md):
+bad input -> exit 2 with one line naming the file and the field; anything else is a bug (exit 1).
+"""
+
+from __future__ import annotations
+
+
+class PaceError(Exception):
+    """Base of every error pace raises on purpose."""
+
+
+class InputError(PaceError, ValueError):
+    """A trace, schedule, option or model the user gave is malformed or inconsistent.
+
+    ``where`` is the file (or option) and ``field`` the JSON path inside it, so the message reads
+    ``trace.json: tensors[3].producer: op 'bw.fc' does not exist``.
+    """
+
+    def __init__(self, message: str, *, where: str = "", field: str = "") -> None:
+        self.where = where
+        self.field = field
+        self.detail = message
+        parts = [p for p in (where, field, message) if p]
+        super().__init__(": ".join(parts))
+
+    def located(self, where: str) -> InputError:
+        """The same error, attributed to file ``where`` (kept if already attributed)."""
+        if self.where:
+            return self
+        return type(self)(self.detail, where=where, field=self.field)
+
+
+class ScheduleMismatchError(InputError):
+    """A schedule does not belong to the trace or model it is used with."""
+
+
+class SolverError(PaceError):
+    """An LP solver failed, is missing, or ran out of time."""
+
+
+class InfeasibleError(SolverError):
+    """The scheduling LP has no solution for the given horizon."""
+
+
+class SolverTimeoutError(SolverError):
+    """The solver hit its time limit before proving optimality."""
+
+
+class SolverMissingError(SolverError):
+    """The requested solver backend is not installed."""
+
+
+class RuntimeReplayError(PaceError):
+    """The runtime could not replay a schedule (time-out, peer failure, ...)."""

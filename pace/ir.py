@@ -1,0 +1,148 @@
+"""The one IR that flows through pace's stages.
+
+``Trace`` (profiler output, compiler input) -> ``FusionPlan`` (fusion output) -> ``Schedule``
+(scheduler output, runtime input). All types are frozen so a stage can never change what an
+earlier stage produced; a stage that wants a different trace builds a new one with
+``dataclasses.replace``.
+
+Field names carry units (``_us``, ``_bytes``). The JSON keys of the contracts in DESIGN.md
+(``bytes``, ``offset``) are mapped to these names by ``pace.io`` only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Phase = Literal["forward", "backward", "optimizer", "other"]
+PHASES: tuple[str, ...] = ("forward", "backward", "optimizer", "other")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Op:
+    """One computation op of the iteration window."""
+
+    name: str
+    phase: Phase
+    duration_us: float
+    deps: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Tensor:
+    """One gradient tensor to all-reduce.
+
+    Ready when ``producer`` finishes; each op in ``consumers`` may start only after the
+    tensor's all-reduce completes.
+    """
+
+    name: str
+    size_bytes: int
+    producer: str
+    consumers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommModel:
+    """Cost of one all-reduce call: ``alpha_us + beta_us_per_byte * bytes``.
+
+    ``samples`` are the measured ``(bytes, us)`` points the model was fitted on, if any.
+    """
+
+    workers: int
+    alpha_us: float
+    beta_us_per_byte: float
+    algorithm: str = "ring"
+    samples: tuple[tuple[int, float], ...] = ()
+
+    def cost_us(self, size_bytes: float) -> float:
+        """Duration of one all-reduce call carrying ``size_bytes`` bytes."""
+        return self.alpha_us + self.beta_us_per_byte * size_bytes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Trace:
+    """One steady-state iteration window: backward of iteration k + forward of iteration k+1."""
+
+    model: str
+    ops: tuple[Op, ...]
+    tensors: tuple[Tensor, ...]
+    comm: CommModel
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def op_map(self) -> dict[str, Op]:
+        return {op.name: op for op in self.ops}
+
+    def tensor_map(self) -> dict[str, Tensor]:
+        return {t.name: t for t in self.tensors}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.size_bytes for t in self.tensors)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FusionPlan:
+    """A partition of the trace's tensors into fusion groups.
+
+    Each group is all-reduced as one flat buffer: it is ready when its last tensor is produced,
+    and every consumer of any member waits for the whole group. ``groups`` are listed in the
+    ready-time chain order; every tensor of the trace is in exactly one group. A plan with one
+    tensor per group means "no fusion".
+    """
+
+    groups: tuple[tuple[str, ...], ...]
+    method: str = "none"
+    details: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @staticmethod
+    def singletons(trace: Trace) -> FusionPlan:
+        """The no-fusion plan: every tensor alone, in trace order."""
+        return FusionPlan(groups=tuple((t.name,) for t in trace.tensors), method="none")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Slice:
+    """The contiguous byte range ``[offset_bytes, offset_bytes + size_bytes)`` of one tensor."""
+
+    tensor: str
+    offset_bytes: int
+    size_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Unit:
+    """One all-reduce call: the slices it carries, issued in ascending ``priority``."""
+
+    priority: float
+    slices: tuple[Slice, ...]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size_bytes for s in self.slices)
+
+    @property
+    def tensors(self) -> tuple[str, ...]:
+        """Distinct tensor names in slice order."""
+        return tuple(dict.fromkeys(s.tensor for s in self.slices))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Schedule:
+    """A compiled communication schedule (schedule format v1)."""
+
+    trace_digest: str
+    cost_model: CommModel
+    units: tuple[Unit, ...]
+    predicted_iteration_us: float
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def ordered_units(self) -> tuple[Unit, ...]:
+        """Units by priority; ties keep file order (a stable sort), as the replay does."""
+        return tuple(sorted(self.units, key=lambda u: u.priority))
+
+
+def is_finite_nonneg(x: float) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
