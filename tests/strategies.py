@@ -1,0 +1,32 @@
+"""Hypothesis strategies shared by the property tests."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from pace.ir import Trace
+from pace.synth import random_trace
+
+
+@st.composite
+def traces(
+    draw: st.DrawFn,
+    *,
+    max_layers: int = 12,
+    integer: bool = False,
+    max_ops_per_layer: int = 4,
+) -> Trace:
+    """Random valid DNN-like traces (see ``pace.synth.random_trace``)."""
+    return random_trace(
+        seed=draw(st.integers(0, 2**32 - 1)),
+        n_layers=draw(st.integers(1, max_layers)),
+        tensors_per_layer=draw(st.sampled_from([(1, 1), (1, 2), (0, 3), (1, 4)])),
+        ops_per_layer=draw(st.integers(2, max_ops_per_layer)),
+        skip_prob=draw(st.sampled_from([0.0, 0.3, 0.7])),
+        integer=integer,
+    )
+
+
+def integer_traces(max_layers: int = 8) -> st.SearchStrategy[Trace]:
+    """Integer instances: alpha 0, beta 1, integer durations and sizes."""
+    return traces(max_layers=max_layers, integer=True)
