@@ -40,7 +40,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="pace", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(
+        prog="pace",
+        description="Compile and replay the gradient all-reduce schedule of data-parallel training.",
+    )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for modname in _COMMANDS:
