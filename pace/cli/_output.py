@@ -1,0 +1,56 @@
+"""Output helpers shared by the CLI subcommands (the only place, with the handlers, that prints).
+
+Kept tiny on purpose: ``print_json`` for ``--json`` output (one object, machine-readable, on
+stdout) and ``print_table`` for the human-readable form.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+def _jsonable(obj: Any) -> Any:
+    """Non-finite floats become ``null``: strict JSON has no NaN/Infinity, and readers break."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def print_json(obj: Any) -> None:
+    """Print ``obj`` as one JSON document on stdout (strict JSON, stable key order)."""
+    sys.stdout.write(json.dumps(_jsonable(obj), indent=2, sort_keys=True, allow_nan=False))
+    sys.stdout.write("\n")
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.1f}" if math.isfinite(value) else "-"
+    return str(value)
+
+
+def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """Print a table on stdout; floats get one decimal, numbers are right-aligned."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    materialised = [list(r) for r in rows]
+    for i, col in enumerate(columns):
+        numeric = bool(materialised) and all(
+            isinstance(r[i], int | float) and not isinstance(r[i], bool)
+            for r in materialised
+            if i < len(r)
+        )
+        table.add_column(col, justify="right" if numeric else "left")
+    for r in materialised:
+        table.add_row(*(_cell(v) for v in r))
+    # A fixed width keeps output identical whether or not stdout is a terminal (tests, pipes).
+    Console(file=sys.stdout, width=120, soft_wrap=False).print(table)
