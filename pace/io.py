@@ -1,0 +1,543 @@
+"""Reading and writing trace and schedule files (formats v1 of DESIGN.md).
+
+Files are JSON, optionally gzip-compressed (``.json.gz``; a gzip file is recognised by its magic
+bytes or a ``.gz`` suffix). Parsing is strict: every problem raises ``InputError`` naming the file
+and the JSON path of the field, e.g. ``trace.json: tensors[3].bytes: must be an integer > 0, got
+4.5``.
+
+Strictness rules (user-facing copy in docs/trace-format.md):
+
+* Non-standard JSON is refused: ``NaN``, ``Infinity``, numbers that overflow to infinity (``1e400``)
+  and duplicate keys in one object (``json`` would silently keep the last one).
+* ``true``/``false`` are not numbers (Python's ``bool`` is an ``int``; JSON's is not).
+* Integers fields (``bytes``, ``offset``, ``workers``) must be JSON integers: ``4.0`` is refused, so
+  a profiler bug that produces fractional sizes is caught at the border.
+* Unknown keys are ignored at every level, so that a v1 reader accepts files written by a later
+  v1-compatible writer that adds fields. They are not kept: ``save(load(f))`` drops them.
+
+``load_trace`` and ``load_schedule`` also run the structural checks of ``pace.verify`` (names,
+references, cycles, Lemma 1, coverage), so every stage receives a checked object.
+
+``trace_digest`` identifies the computation a schedule was compiled for; see its docstring.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+import os
+import zlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from pace.errors import InputError
+from pace.ir import PHASES, CommModel, Op, Phase, Schedule, Slice, Tensor, Trace, Unit
+
+TRACE_FORMAT = "pace.trace"
+SCHEDULE_FORMAT = "pace.schedule"
+SUPPORTED_TRACE_VERSIONS: tuple[int, ...] = (1,)
+SUPPORTED_SCHEDULE_VERSIONS: tuple[int, ...] = (1,)
+_GZIP_MAGIC = b"\x1f\x8b"
+
+PathLike = str | os.PathLike[str]
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw JSON
+
+
+class _DupKeyDict(dict[str, Any]):
+    """A JSON object that had a repeated key; ``_find_bad`` reports it with its path."""
+
+    dup_key: str = ""
+
+
+class _Flags:
+    def __init__(self) -> None:
+        self.bad = False
+
+
+def _decode(text: str, where: str) -> Any:
+    flags = _Flags()
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(items)
+        if len(obj) != len(items):
+            seen: set[str] = set()
+            dup = ""
+            for k, _ in items:
+                if k in seen:
+                    dup = k
+                    break
+                seen.add(k)
+            flags.bad = True
+            bad = _DupKeyDict(obj)
+            bad.dup_key = dup
+            return bad
+        return obj
+
+    def parse_float(s: str) -> float:
+        x = float(s)
+        if not math.isfinite(x):
+            flags.bad = True
+        return x
+
+    def parse_constant(s: str) -> float:
+        flags.bad = True
+        return float(s)
+
+    try:
+        obj = json.loads(
+            text,
+            object_pairs_hook=pairs,
+            parse_float=parse_float,
+            parse_constant=parse_constant,
+        )
+    except json.JSONDecodeError as exc:
+        if not text.strip():
+            raise InputError("empty file, expected a JSON object", where=where) from None
+        raise InputError(
+            f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})", where=where
+        ) from None
+    except RecursionError:
+        raise InputError("not valid JSON: nested too deeply", where=where) from None
+    if flags.bad:
+        # Found only now so the message can carry the JSON path of the offending value.
+        _find_bad(obj, "", where)
+    return obj
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _find_bad(obj: Any, path: str, where: str) -> None:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        raise InputError(
+            f"{obj!r} is not a valid JSON number (NaN/Infinity are refused)",
+            where=where,
+            field=path or "(top level)",
+        )
+    if isinstance(obj, _DupKeyDict):
+        raise InputError(f"duplicate key {obj.dup_key!r}", where=where, field=path or "(top level)")
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _find_bad(v, _join(path, k), where)
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            _find_bad(v, f"{path}[{i}]", where)
+
+
+def load_json(path: PathLike) -> dict[str, Any]:
+    """The strict JSON object in file ``path`` (gzip or plain); raises ``InputError``."""
+    where = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read file: {exc.strerror or exc}", where=where) from None
+    if raw.startswith(_GZIP_MAGIC) or where.endswith(".gz"):
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InputError(f"not a valid gzip file: {exc}", where=where) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text: {exc.reason} at byte {exc.start}", where=where) from None
+    obj = _decode(text, where)
+    if not isinstance(obj, dict):
+        raise InputError(f"expected a JSON object, got {_kind(obj)}", where=where)
+    return cast(dict[str, Any], obj)
+
+
+def _format(obj: Mapping[str, Any]) -> str:
+    """JSON with one line per top-level key and per list element of ops/tensors/units.
+
+    Readable and diffable (a changed op is a one-line diff) without the bulk of full indentation.
+    """
+    lines = []
+    for key, value in obj.items():
+        head = f" {json.dumps(key)}: "
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            items = [
+                "  " + json.dumps(v, allow_nan=False, ensure_ascii=False, separators=(", ", ": "))
+                for v in value
+            ]
+            lines.append(head + "[\n" + ",\n".join(items) + "\n ]")
+        else:
+            lines.append(
+                head
+                + json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(", ", ": "))
+            )
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def _dump(obj: Mapping[str, Any], path: PathLike) -> None:
+    # allow_nan=False (in _format): never write a file our own loader would refuse.
+    try:
+        text = _format(obj)
+    except (TypeError, ValueError) as exc:
+        # meta is free-form: a caller may have put a non-JSON value (or NaN) in it.
+        raise InputError(f"cannot write as JSON: {exc}", where=str(path)) from None
+    data = text.encode("utf-8")
+    if str(path).endswith(".gz"):
+        # mtime=0: the same trace always gives the same bytes (diffable, cacheable).
+        data = gzip.compress(data, mtime=0)
+    Path(path).write_bytes(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed field readers. Each names the JSON path in its error.
+
+
+_KINDS: tuple[tuple[type, str], ...] = (
+    (bool, "a boolean"),  # before int: bool is a subclass of int
+    (int, "an integer"),
+    (float, "a number"),
+    (str, "a string"),
+    (list, "a list"),
+    (dict, "an object"),
+)
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    for cls, name in _KINDS:
+        if isinstance(v, cls):
+            return name
+    return type(v).__name__
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, dict | list):
+        return _kind(v)
+    text = json.dumps(v) if isinstance(v, str | bool | int | float) or v is None else repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _Reader:
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def err(self, field: str, message: str) -> InputError:
+        return InputError(message, where=self.where, field=field)
+
+    def obj(self, v: Any, field: str) -> dict[str, Any]:
+        if not isinstance(v, dict):
+            raise self.err(field, f"must be an object, got {_kind(v)}")
+        return v
+
+    def req(self, obj: Mapping[str, Any], key: str, path: str) -> Any:
+        if key not in obj:
+            raise self.err(_join(path, key), "missing required key")
+        return obj[key]
+
+    def str_(self, v: Any, field: str, *, nonempty: bool = True) -> str:
+        if not isinstance(v, str):
+            raise self.err(field, f"must be a string, got {_kind(v)}")
+        if nonempty and not v:
+            raise self.err(field, "must be a non-empty string")
+        return v
+
+    def list_(self, v: Any, field: str) -> list[Any]:
+        if not isinstance(v, list):
+            raise self.err(field, f"must be a list, got {_kind(v)}")
+        return v
+
+    def int_(self, v: Any, field: str, *, minimum: int) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            want = "> 0" if minimum == 1 else f">= {minimum}"
+            raise self.err(field, f"must be an integer {want}, got {_show(v)}")
+        return v
+
+    def num(self, v: Any, field: str, *, nonneg: bool = True) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise self.err(field, f"must be a number, got {_kind(v)} {_show(v)}".rstrip())
+        x = float(v)
+        if not math.isfinite(x):
+            raise self.err(field, f"must be finite, got {_show(v)}")
+        if nonneg and x < 0:
+            raise self.err(field, f"must be >= 0, got {_show(v)}")
+        return x
+
+    def names(self, v: Any, field: str) -> tuple[str, ...]:
+        items = self.list_(v, field)
+        return tuple(self.str_(x, f"{field}[{i}]") for i, x in enumerate(items))
+
+    def items(
+        self, obj: Mapping[str, Any], key: str, path: str, parse: Callable[[Any, str], T]
+    ) -> tuple[T, ...]:
+        field = _join(path, key)
+        seq = self.list_(self.req(obj, key, path), field)
+        return tuple(parse(x, f"{field}[{i}]") for i, x in enumerate(seq))
+
+    def header(self, obj: Mapping[str, Any], fmt: str, versions: tuple[int, ...]) -> None:
+        got = self.req(obj, "format", "")
+        if got != fmt:
+            raise self.err("format", f"expected {fmt!r}, got {_show(got)}")
+        version = self.req(obj, "version", "")
+        if type(version) is not int or version not in versions:
+            supported = ", ".join(str(v) for v in versions)
+            raise self.err(
+                "version", f"unsupported version {_show(version)} (supported: {supported})"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Trace
+
+
+def _op_from(r: _Reader, v: Any, path: str) -> Op:
+    o = r.obj(v, path)
+    phase = r.str_(r.req(o, "phase", path), f"{path}.phase")
+    if phase not in PHASES:
+        raise r.err(f"{path}.phase", f"must be one of {', '.join(PHASES)}; got {phase!r}")
+    deps = r.names(o["deps"], f"{path}.deps") if "deps" in o else ()
+    return Op(
+        name=r.str_(r.req(o, "name", path), f"{path}.name"),
+        phase=cast(Phase, phase),
+        duration_us=r.num(r.req(o, "duration_us", path), f"{path}.duration_us"),
+        deps=deps,
+    )
+
+
+def _tensor_from(r: _Reader, v: Any, path: str) -> Tensor:
+    o = r.obj(v, path)
+    consumers = r.names(o["consumers"], f"{path}.consumers") if "consumers" in o else ()
+    return Tensor(
+        name=r.str_(r.req(o, "name", path), f"{path}.name"),
+        size_bytes=r.int_(r.req(o, "bytes", path), f"{path}.bytes", minimum=1),
+        producer=r.str_(r.req(o, "producer", path), f"{path}.producer"),
+        consumers=consumers,
+    )
+
+
+def _comm_from(r: _Reader, v: Any, path: str, *, with_samples: bool = True) -> CommModel:
+    o = r.obj(v, path)
+    algorithm = r.str_(o["algorithm"], f"{path}.algorithm") if "algorithm" in o else "ring"
+    samples: tuple[tuple[int, float], ...] = ()
+    if with_samples and "samples" in o:
+        field = f"{path}.samples"
+        pts = []
+        for i, pt in enumerate(r.list_(o["samples"], field)):
+            if not isinstance(pt, list) or len(pt) != 2:
+                raise r.err(f"{field}[{i}]", f"must be a [bytes, us] pair, got {_show(pt)}")
+            pts.append(
+                (
+                    r.int_(pt[0], f"{field}[{i}][0]", minimum=0),
+                    r.num(pt[1], f"{field}[{i}][1]"),
+                )
+            )
+        samples = tuple(pts)
+    return CommModel(
+        workers=r.int_(r.req(o, "workers", path), f"{path}.workers", minimum=1),
+        alpha_us=r.num(r.req(o, "alpha_us", path), f"{path}.alpha_us"),
+        beta_us_per_byte=r.num(r.req(o, "beta_us_per_byte", path), f"{path}.beta_us_per_byte"),
+        algorithm=algorithm,
+        samples=samples,
+    )
+
+
+def trace_from_dict(obj: Any, *, where: str = "") -> Trace:
+    """Parse a trace-format-v1 object (types and ranges only; see ``pace.verify`` for the rest)."""
+    r = _Reader(where)
+    top = r.obj(obj, "(top level)")
+    r.header(top, TRACE_FORMAT, SUPPORTED_TRACE_VERSIONS)
+    model = r.str_(top["model"], "model", nonempty=False) if "model" in top else ""
+    meta = r.obj(top["meta"], "meta") if "meta" in top else {}
+    return Trace(
+        model=model,
+        ops=r.items(top, "ops", "", lambda v, p: _op_from(r, v, p)),
+        tensors=r.items(top, "tensors", "", lambda v, p: _tensor_from(r, v, p)),
+        comm=_comm_from(r, r.req(top, "comm", ""), "comm"),
+        meta=meta,
+    )
+
+
+def _num_out(x: float) -> float | int:
+    # Integral values are written as JSON integers: shorter, and what a human writes by hand.
+    return int(x) if float(x).is_integer() and abs(x) < 2**53 else float(x)
+
+
+def _comm_to(comm: CommModel, *, with_samples: bool = True) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "workers": comm.workers,
+        "algorithm": comm.algorithm,
+        "alpha_us": _num_out(comm.alpha_us),
+        "beta_us_per_byte": _num_out(comm.beta_us_per_byte),
+    }
+    if with_samples and comm.samples:
+        out["samples"] = [[int(b), _num_out(us)] for b, us in comm.samples]
+    return out
+
+
+def trace_to_dict(trace: Trace) -> dict[str, Any]:
+    """The trace-format-v1 object of ``trace`` (``bytes`` for ``size_bytes``)."""
+    return {
+        "format": TRACE_FORMAT,
+        "version": SUPPORTED_TRACE_VERSIONS[-1],
+        "model": trace.model,
+        "meta": dict(trace.meta),
+        "ops": [
+            {
+                "name": op.name,
+                "phase": op.phase,
+                "duration_us": _num_out(op.duration_us),
+                "deps": list(op.deps),
+            }
+            for op in trace.ops
+        ],
+        "tensors": [
+            {
+                "name": t.name,
+                "bytes": t.size_bytes,
+                "producer": t.producer,
+                "consumers": list(t.consumers),
+            }
+            for t in trace.tensors
+        ],
+        "comm": _comm_to(trace.comm),
+    }
+
+
+def load_trace(path: PathLike, *, verify: bool = True) -> Trace:
+    """Load and (by default) verify the trace in ``path`` (``.json`` or ``.json.gz``).
+
+    Raises ``InputError`` naming the file and the field for any malformed or inconsistent input.
+    """
+    where = str(path)
+    trace = trace_from_dict(load_json(path), where=where)
+    if verify:
+        from pace.verify import verify_trace
+
+        verify_trace(trace, where=where)
+    return trace
+
+
+def save_trace(trace: Trace, path: PathLike) -> None:
+    """Write ``trace`` to ``path``; gzip-compressed if the name ends in ``.gz``."""
+    _dump(trace_to_dict(trace), path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedule
+
+
+def _slice_from(r: _Reader, v: Any, path: str) -> Slice:
+    o = r.obj(v, path)
+    return Slice(
+        tensor=r.str_(r.req(o, "tensor", path), f"{path}.tensor"),
+        offset_bytes=r.int_(r.req(o, "offset", path), f"{path}.offset", minimum=0),
+        size_bytes=r.int_(r.req(o, "bytes", path), f"{path}.bytes", minimum=1),
+    )
+
+
+def _unit_from(r: _Reader, v: Any, path: str) -> Unit:
+    o = r.obj(v, path)
+    priority = r.num(r.req(o, "priority", path), f"{path}.priority", nonneg=False)
+    slices = r.items(o, "slices", path, lambda s, p: _slice_from(r, s, p))
+    if not slices:
+        raise r.err(f"{path}.slices", "must not be empty (a unit carries at least one slice)")
+    return Unit(priority=priority, slices=slices)
+
+
+def schedule_from_dict(obj: Any, *, where: str = "") -> Schedule:
+    """Parse a schedule-format-v1 object (types and ranges; coverage is ``verify_schedule``)."""
+    r = _Reader(where)
+    top = r.obj(obj, "(top level)")
+    r.header(top, SCHEDULE_FORMAT, SUPPORTED_SCHEDULE_VERSIONS)
+    meta = r.obj(top["meta"], "meta") if "meta" in top else {}
+    return Schedule(
+        trace_digest=r.str_(r.req(top, "trace_digest", ""), "trace_digest"),
+        cost_model=_comm_from(r, r.req(top, "cost_model", ""), "cost_model"),
+        units=r.items(top, "units", "", lambda v, p: _unit_from(r, v, p)),
+        predicted_iteration_us=r.num(
+            r.req(top, "predicted_iteration_us", ""), "predicted_iteration_us"
+        ),
+        meta=meta,
+    )
+
+
+def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
+    """The schedule-format-v1 object of ``schedule``."""
+    out: dict[str, Any] = {
+        "format": SCHEDULE_FORMAT,
+        "version": SUPPORTED_SCHEDULE_VERSIONS[-1],
+        "trace_digest": schedule.trace_digest,
+        "cost_model": _comm_to(schedule.cost_model),
+        "predicted_iteration_us": _num_out(schedule.predicted_iteration_us),
+        "units": [
+            {
+                "priority": _num_out(u.priority),
+                "slices": [
+                    {"tensor": s.tensor, "offset": s.offset_bytes, "bytes": s.size_bytes}
+                    for s in u.slices
+                ],
+            }
+            for u in schedule.units
+        ],
+    }
+    if schedule.meta:
+        out["meta"] = dict(schedule.meta)
+    return out
+
+
+def load_schedule(path: PathLike, *, trace: Trace | None = None) -> Schedule:
+    """Load the schedule in ``path``; with ``trace``, also verify it belongs to and covers it.
+
+    Raises ``InputError`` (``ScheduleMismatchError`` for a digest mismatch) naming file and field.
+    """
+    where = str(path)
+    schedule = schedule_from_dict(load_json(path), where=where)
+    if trace is not None:
+        from pace.verify import verify_schedule
+
+        verify_schedule(schedule, trace, where=where)
+    return schedule
+
+
+def save_schedule(schedule: Schedule, path: PathLike) -> None:
+    """Write ``schedule`` to ``path``; gzip-compressed if the name ends in ``.gz``."""
+    _dump(schedule_to_dict(schedule), path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Digest
+
+DIGEST_PREFIX = "sha256:"
+
+
+def trace_digest(trace: Trace) -> str:
+    """``"sha256:<hex>"`` over the computation a schedule is compiled for.
+
+    Covered, in trace order: every op's ``name``, ``phase``, ``duration_us`` and ``deps`` (in
+    order), and every tensor's ``name``, ``bytes``, ``producer`` and ``consumers`` (in order).
+    Not covered: ``model``, ``meta`` and ``comm``. The communication model is left out on
+    purpose: a schedule records the model it was compiled for in its own ``cost_model`` (which a
+    what-if compile changes legitimately), so the digest answers only "same graph, same
+    tensors, same durations?". The digest is independent of JSON key order, whitespace, gzip
+    and of how a number is spelled (``10`` and ``10.0`` hash alike: numbers are hashed as
+    float64 ``repr``), but it does change when ops or tensors are listed in another order: list
+    order is what a profiler emits and what tie-breaking in the compiler sees.
+
+    The hashed text is the canonical JSON (sorted keys, no spaces) of
+    ``{"digest": "pace.trace/1", "ops": [[name, phase, duration_us, [deps]], ...],
+    "tensors": [[name, bytes, producer, [consumers]], ...]}``.
+    """
+    payload = {
+        "digest": "pace.trace/1",
+        "ops": [[op.name, op.phase, float(op.duration_us), list(op.deps)] for op in trace.ops],
+        "tensors": [
+            [t.name, int(t.size_bytes), t.producer, list(t.consumers)] for t in trace.tensors
+        ],
+    }
+    try:
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise InputError("cannot digest a trace with non-finite durations") from None
+    return DIGEST_PREFIX + hashlib.sha256(text.encode("utf-8")).hexdigest()
