@@ -100,8 +100,10 @@ def _decode(text: str, where: str) -> Any:
     except json.JSONDecodeError as exc:
         if not text.strip():
             raise InputError("empty file, expected a JSON object", where=where) from None
+        hint = " (file truncated?)" if exc.pos >= len(text.rstrip()) else ""
         raise InputError(
-            f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})", where=where
+            f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}){hint}",
+            where=where,
         ) from None
     except RecursionError:
         raise InputError("not valid JSON: nested too deeply", where=where) from None
@@ -118,7 +120,7 @@ def _join(path: str, key: str) -> str:
 def _find_bad(obj: Any, path: str, where: str) -> None:
     if isinstance(obj, float) and not math.isfinite(obj):
         raise InputError(
-            f"{obj!r} is not a valid JSON number (NaN/Infinity are refused)",
+            "not a valid JSON number: NaN, Infinity and numbers out of float range are refused",
             where=where,
             field=path or "(top level)",
         )
@@ -257,7 +259,7 @@ class _Reader:
 
     def num(self, v: Any, field: str, *, nonneg: bool = True) -> float:
         if isinstance(v, bool) or not isinstance(v, int | float):
-            raise self.err(field, f"must be a number, got {_kind(v)} {_show(v)}".rstrip())
+            raise self.err(field, f"must be a number, got {_show(v)}")
         x = float(v)
         if not math.isfinite(x):
             raise self.err(field, f"must be finite, got {_show(v)}")
