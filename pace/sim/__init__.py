@@ -1,0 +1,35 @@
+"""Discrete-event simulator of one training iteration window, and the baseline policies.
+
+Public entry: :func:`simulate` (``trace, policy, *, options -> SimResult``). The default mode is
+the replay semantics of DESIGN.md, which defines a schedule's ``predicted_iteration_us``.
+"""
+
+from pace.sim.bounds import compute_critical_path_us, lower_bound_us
+from pace.sim.core import (
+    CycleFusion,
+    Plan,
+    Policy,
+    SimOptions,
+    SimResult,
+    schedule_policy,
+    simulate,
+    units_policy,
+)
+from pace.sim.policies import POLICIES, compare, layer_order, ready_order
+
+__all__ = [
+    "POLICIES",
+    "CycleFusion",
+    "Plan",
+    "Policy",
+    "SimOptions",
+    "SimResult",
+    "compare",
+    "compute_critical_path_us",
+    "layer_order",
+    "lower_bound_us",
+    "ready_order",
+    "schedule_policy",
+    "simulate",
+    "units_policy",
+]

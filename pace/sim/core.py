@@ -1,0 +1,339 @@
+"""The simulator's public entry: :func:`simulate`, its options, its result and policies.
+
+Default mode = the replay semantics of DESIGN.md (the meaning of a schedule's
+``predicted_iteration_us``): one channel that starts the ready unit with the smallest priority
+(ties in file order) whenever it is free; a unit is ready when every tensor it carries has been
+produced and costs ``alpha_us + beta_us_per_byte * bytes``; a tensor is done when all its slices
+are; each op starts when its deps and consumed tensors are done, with unlimited parallel ops.
+
+Example (the worked example of DESIGN.md: FIFO finishes at 44 us):
+
+>>> from pace.ir import CommModel, Op, Tensor, Trace
+>>> trace = Trace(
+...     model="tiny",
+...     ops=(
+...         Op(name="bw2", phase="backward", duration_us=10),
+...         Op(name="bw1", phase="backward", duration_us=10, deps=("bw2",)),
+...         Op(name="fw1", phase="forward", duration_us=5, deps=("bw1",)),
+...         Op(name="fw2", phase="forward", duration_us=5, deps=("fw1",)),
+...     ),
+...     tensors=(
+...         Tensor(name="w2", size_bytes=20, producer="bw2", consumers=("fw2",)),
+...         Tensor(name="w1", size_bytes=4, producer="bw1", consumers=("fw1",)),
+...     ),
+...     comm=CommModel(workers=2, alpha_us=0.0, beta_us_per_byte=1.0),
+... )
+>>> simulate(trace, "fifo").iteration_us
+44.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pace.errors import InputError
+from pace.ir import Schedule, Trace, Unit
+from pace.sim import engine
+from pace.sim.prepared import Prepared, prepare
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SimOptions:
+    """Simulator modes beyond the contract's default replay.
+
+    ``None`` means "the policy's default, else the contract's": credit 1, no barrier,
+    unlimited parallel compute. An explicit value always wins over the policy's default.
+
+    * ``credit``: units in flight at once, sharing the bandwidth equally (processor sharing).
+    * ``barrier``: the next iteration's forward ops wait for ALL communication to finish, as
+      Horovod's ``synchronize()`` before ``optimizer.step()`` and DDP's backward do.
+    * ``one_compute_stream``: ops run one at a time on one stream; a free stream starts the
+      ready op that became ready earliest, ties in trace order.
+    """
+
+    credit: int | None = None
+    barrier: bool | None = None
+    one_compute_stream: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.credit is not None and (
+            isinstance(self.credit, bool) or not isinstance(self.credit, int) or self.credit < 1
+        ):
+            raise InputError(f"must be an integer >= 1, got {self.credit!r}", field="credit")
+        for name in ("barrier", "one_compute_stream"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, bool):
+                raise InputError(f"must be true or false, got {v!r}", field=name)
+
+    def over(self, defaults: SimOptions) -> SimOptions:
+        """These options, with unset fields taken from ``defaults``."""
+        return SimOptions(
+            credit=self.credit if self.credit is not None else defaults.credit,
+            barrier=self.barrier if self.barrier is not None else defaults.barrier,
+            one_compute_stream=(
+                self.one_compute_stream
+                if self.one_compute_stream is not None
+                else defaults.one_compute_stream
+            ),
+        )
+
+    def resolved(self) -> SimOptions:
+        """Every field set: unset ones take the contract's default."""
+        return self.over(SimOptions(credit=1, barrier=False, one_compute_stream=False))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CycleFusion:
+    """Horovod's run-time fusion: every ``cycle_us`` fuse ready tensors up to a threshold."""
+
+    threshold_bytes: int
+    cycle_us: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """What a policy decided for one trace: static units, or run-time cycle fusion."""
+
+    units: tuple[Unit, ...] | None = None
+    cycle_fusion: CycleFusion | None = None
+    defaults: SimOptions = SimOptions()
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+    # Static units are issued strictly in priority order (a later unit never overtakes).
+    in_order: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.units is None) == (self.cycle_fusion is None):
+            raise ValueError("a Plan has exactly one of units and cycle_fusion")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Policy:
+    """A named way to turn a trace into communication: ``build(prepared, options) -> Plan``.
+
+    ``options`` are the caller's explicit options (a tuning policy searches under them).
+    """
+
+    name: str
+    build: Callable[[Prepared, SimOptions], Plan]
+    description: str = ""
+
+
+def units_policy(units: Sequence[Unit], *, name: str = "units") -> Policy:
+    """Replay exactly ``units`` (priorities as given) under the contract's semantics."""
+    fixed = tuple(units)
+
+    def build(prep: Prepared, options: SimOptions) -> Plan:
+        return Plan(units=fixed)
+
+    return Policy(name=name, build=build, description="replay of a fixed unit list")
+
+
+def schedule_policy(schedule: Schedule, *, name: str = "schedule") -> Policy:
+    """Replay a compiled pace :class:`~pace.ir.Schedule` (its units, in file order)."""
+    return units_policy(schedule.units, name=name)
+
+
+class _Lazy:
+    """Op times and overlap, computed on first access (replays used as an oracle skip them)."""
+
+    __slots__ = ("barrier_gate_us", "cache", "prep", "tensor_done_us")
+
+    def __init__(
+        self,
+        prep: Prepared,
+        tensor_done_us: Sequence[float],
+        barrier_gate_us: float | None,
+        cache: dict[str, Any] | None = None,
+    ) -> None:
+        self.prep = prep
+        self.tensor_done_us = tensor_done_us
+        self.barrier_gate_us = barrier_gate_us
+        self.cache: dict[str, Any] = cache if cache is not None else {}
+
+    def op_times(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        got: tuple[tuple[float, ...], tuple[float, ...]] | None = self.cache.get("op")
+        if got is None:
+            s, f = engine.ideal_op_times(self.prep, self.tensor_done_us, self.barrier_gate_us)
+            got = (tuple(s), tuple(f))
+            self.cache["op"] = got
+        return got
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SimResult:
+    """One replay. Unit fields are aligned with ``units`` (file order, or formation order for a
+    policy that forms units at run time); tensor fields with ``trace.tensors``; op fields with
+    ``trace.ops``.
+    """
+
+    policy: str
+    iteration_us: float
+    units: tuple[Unit, ...]
+    unit_start_us: tuple[float, ...]
+    unit_finish_us: tuple[float, ...]
+    tensor_done_us: tuple[float, ...]
+    comm_busy_us: float
+    comm_end_us: float
+    options: SimOptions
+    knobs: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    _lazy: _Lazy | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def op_start_us(self) -> tuple[float, ...]:
+        return self._need_lazy().op_times()[0]
+
+    @property
+    def op_finish_us(self) -> tuple[float, ...]:
+        return self._need_lazy().op_times()[1]
+
+    @property
+    def overlap_us(self) -> float:
+        """Communication time during which at least one op is running."""
+        lazy = self._need_lazy()
+        got = lazy.cache.get("overlap")
+        if got is None:
+            starts, finishes = lazy.op_times()
+            comp = _merge(zip(starts, finishes, strict=True))
+            comm = _merge(zip(self.unit_start_us, self.unit_finish_us, strict=True))
+            got = _intersection_length(comm, comp)
+            lazy.cache["overlap"] = got
+        return float(got)
+
+    def _need_lazy(self) -> _Lazy:
+        if self._lazy is None:
+            raise ValueError("this SimResult carries no op timing")
+        return self._lazy
+
+
+def _merge(intervals: Any) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, f in sorted(intervals):
+        if f <= s:
+            continue
+        if out and s <= out[-1][1]:
+            if f > out[-1][1]:
+                out[-1] = (out[-1][0], f)
+        else:
+            out.append((s, f))
+    return out
+
+
+def _intersection_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo = max(a[i][0], b[j][0])
+        hi = min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def resolve_policy(policy: Policy | Schedule | str) -> Policy:
+    """A :class:`Policy` from a policy, a schedule, or a registered policy name."""
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, Schedule):
+        return schedule_policy(policy)
+    if isinstance(policy, str):
+        from pace.sim.policies import POLICIES
+
+        factory = POLICIES.get(policy)
+        if factory is None:
+            raise InputError(
+                f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}",
+                field="policy",
+            )
+        return factory()
+    raise TypeError(f"not a policy: {policy!r}")
+
+
+def simulate(
+    trace: Trace,
+    policy: Policy | Schedule | str,
+    *,
+    options: SimOptions = SimOptions(),
+) -> SimResult:
+    """Replay ``policy`` on ``trace`` and return the iteration time and the timeline."""
+    return _simulate(trace, policy, options=options, force_event_loop=False)
+
+
+def _simulate(
+    trace: Trace,
+    policy: Policy | Schedule | str,
+    *,
+    options: SimOptions,
+    force_event_loop: bool,
+) -> SimResult:
+    prep = prepare(trace)
+    pol = resolve_policy(policy)
+    plan = pol.build(prep, options)
+    opts = options.over(plan.defaults).resolved()
+    credit = opts.credit if opts.credit is not None else 1
+    barrier = bool(opts.barrier)
+    serial = bool(opts.one_compute_stream)
+
+    ch: engine.Channel
+    if plan.cycle_fusion is not None:
+        if credit != 1:
+            raise InputError(
+                f"policy {pol.name!r} runs its units one at a time; credit must be 1",
+                field="credit",
+            )
+        ch = engine.CycleFusionChannel(
+            prep,
+            threshold_bytes=plan.cycle_fusion.threshold_bytes,
+            cycle_us=plan.cycle_fusion.cycle_us,
+        )
+        cu = None
+    else:
+        assert plan.units is not None
+        cu = engine.compile_units(prep, plan.units, in_order=plan.in_order)
+        ch = engine.StaticChannel(cu, credit)
+
+    cache: dict[str, Any] = {}
+    if serial or force_event_loop:
+        joint = engine.drive_joint(prep, ch, serial_compute=serial, barrier=barrier)
+        units, ustart, ufinish = ch.records()
+        done = joint.tensor_done_us
+        cache["op"] = (tuple(joint.op_start_us), tuple(joint.op_finish_us))
+        comm_end = max(ufinish, default=0.0)
+        iteration = max(max(joint.op_finish_us, default=0.0), comm_end)
+    else:
+        if cu is not None and credit == 1:
+            ustart, ufinish = engine.serial_static_replay(cu)
+            units = cu.units
+            done = [max(ufinish[u] for u in owners) for owners in cu.units_of_tensor]
+        else:
+            done = engine.drive_ideal(prep, ch)
+            units, ustart, ufinish = ch.records()
+        comm_end = max(ufinish, default=0.0)
+        iteration = max(prep.critical_path_us, comm_end)
+        tail = prep.tail_us
+        for k, d in enumerate(done):
+            v = d + tail[k]
+            iteration = max(iteration, v)
+        if barrier and any(prep.gated):
+            iteration = max(iteration, comm_end + prep.barrier_tail_us)
+
+    busy = sum(f - s for s, f in _merge(zip(ustart, ufinish, strict=True)))
+    lazy = _Lazy(prep, done, comm_end if barrier else None, cache)
+    return SimResult(
+        policy=pol.name,
+        iteration_us=float(iteration),
+        units=tuple(units),
+        unit_start_us=tuple(ustart),
+        unit_finish_us=tuple(ufinish),
+        tensor_done_us=tuple(done),
+        comm_busy_us=float(busy),
+        comm_end_us=float(comm_end),
+        options=opts,
+        knobs=dict(plan.knobs),
+        _lazy=lazy,
+    )

@@ -1,0 +1,529 @@
+"""Event loops and communication channels of the simulator.
+
+A *channel* models the all-reduce engine: it is told when tensors are produced and reports
+when tensors are done. Three channels exist:
+
+* :class:`StaticChannel` replays a fixed list of units by priority with ``credit`` units in
+  flight sharing the bandwidth equally (processor sharing; ``credit=1`` is the contract's
+  one-at-a-time channel).
+* :class:`CycleFusionChannel` is Horovod's background thread: every cycle it fuses the tensors
+  produced so far into units up to the fusion threshold and runs them back to back.
+* :func:`serial_static_replay` is the fast path of ``StaticChannel`` with credit 1 under ideal
+  compute, where tensor release times are known in advance (Lemma 1).
+
+Two drivers run them: :func:`drive_ideal` (release times known, compute never waits on the
+channel) and :func:`drive_joint` (ops and channel in one event loop; needed for one compute
+stream, also usable for ideal compute as an independent cross-check of the fast path).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pace.errors import InputError
+from pace.ir import Slice, Unit
+from pace.sim.prepared import Prepared
+
+_INF = math.inf
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class CompiledUnits:
+    """Units as index arrays: what the event loops touch."""
+
+    units: tuple[Unit, ...]
+    priority: list[float]
+    cost_us: list[float]
+    # Distinct tensor indices per unit.
+    tensors: list[tuple[int, ...]]
+    # Per tensor: the units carrying it.
+    units_of_tensor: list[list[int]]
+    # Per unit: when it may be issued under ideal compute (max release of its tensors; with
+    # ``in_order``, also no earlier than any unit before it in priority order).
+    ready_us: list[float]
+    # Units are issued strictly in priority order (DDP launches bucket i+1 only after bucket i).
+    in_order: bool = False
+    # Unit indices by (priority, file order).
+    priority_order: tuple[int, ...] = ()
+
+
+def compile_units(
+    prep: Prepared, units: Sequence[Unit], *, in_order: bool = False
+) -> CompiledUnits:
+    """Index ``units`` against ``prep``; every tensor must be carried by at least one unit."""
+    comm = prep.trace.comm
+    alpha = float(comm.alpha_us)
+    beta = float(comm.beta_us_per_byte)
+    index = prep.tensor_index
+    release = prep.release_us
+    units_of_tensor: list[list[int]] = [[] for _ in prep.tensor_names]
+    priority: list[float] = []
+    cost: list[float] = []
+    tensors: list[tuple[int, ...]] = []
+    ready: list[float] = []
+    for u, unit in enumerate(units):
+        size = 0
+        idx: list[int] = []
+        for s, sl in enumerate(unit.slices):
+            k = index.get(sl.tensor)
+            if k is None:
+                raise InputError(
+                    f"tensor {sl.tensor!r} is not in the trace",
+                    field=f"units[{u}].slices[{s}].tensor",
+                )
+            size += sl.size_bytes
+            idx.append(k)
+        if not idx:
+            raise InputError("unit carries no slice", field=f"units[{u}].slices")
+        distinct = tuple(dict.fromkeys(idx))
+        for k in distinct:
+            units_of_tensor[k].append(u)
+        tensors.append(distinct)
+        priority.append(float(unit.priority))
+        cost.append(alpha + beta * size)
+        ready.append(max(release[k] for k in distinct))
+    for k, owners in enumerate(units_of_tensor):
+        if not owners:
+            raise InputError(
+                f"tensor {prep.tensor_names[k]!r} is carried by no unit", field="units"
+            )
+    porder = tuple(sorted(range(len(priority)), key=priority.__getitem__))
+    if in_order:
+        latest = 0.0
+        for u in porder:
+            latest = max(latest, ready[u])
+            ready[u] = latest
+    return CompiledUnits(
+        units=tuple(units),
+        priority=priority,
+        cost_us=cost,
+        tensors=tensors,
+        units_of_tensor=units_of_tensor,
+        ready_us=ready,
+        in_order=in_order,
+        priority_order=porder,
+    )
+
+
+def serial_static_replay(cu: CompiledUnits) -> tuple[list[float], list[float]]:
+    """Unit start/finish times: one channel, smallest priority first, ties in file order.
+
+    Release times are fixed (ideal compute), so this is a single pass over the units sorted by
+    ready time with a heap of ready units.
+    """
+    n = len(cu.units)
+    ready = cu.ready_us
+    prio = cu.priority
+    cost = cu.cost_us
+    order = sorted(range(n), key=ready.__getitem__)
+    start = [0.0] * n
+    finish = [0.0] * n
+    heap: list[tuple[float, int]] = []
+    push = heapq.heappush
+    pop = heapq.heappop
+    t = 0.0
+    i = 0
+    while i < n or heap:
+        if not heap:
+            r = ready[order[i]]
+            t = max(t, r)
+        while i < n and ready[order[i]] <= t:
+            u = order[i]
+            push(heap, (prio[u], u))
+            i += 1
+        u = pop(heap)[1]
+        start[u] = t
+        t += cost[u]
+        finish[u] = t
+    return start, finish
+
+
+class Channel(ABC):
+    """The all-reduce engine as seen by the event loops."""
+
+    @abstractmethod
+    def produce(self, tensor: int, now: float) -> None:
+        """Tensor ``tensor`` was produced at ``now``."""
+
+    @abstractmethod
+    def next_time(self) -> float:
+        """Time of the next internal event (a unit finishing, a cycle tick), or inf."""
+
+    @abstractmethod
+    def advance(self, now: float) -> list[int]:
+        """Process internal events due at ``now``; return the tensors that became done."""
+
+    @abstractmethod
+    def dispatch(self, now: float) -> None:
+        """Start whatever may start at ``now`` (after every event at ``now`` was processed)."""
+
+    @abstractmethod
+    def records(self) -> tuple[tuple[Unit, ...], list[float], list[float]]:
+        """The units replayed (file order) with their start and finish times."""
+
+
+class StaticChannel(Channel):
+    """Fixed units; ``credit`` of them in flight share the bandwidth equally.
+
+    A unit's cost is its duration alone on the channel; with ``n`` units in flight each
+    progresses at rate ``1/n`` (processor sharing), so total throughput never exceeds one
+    channel's.
+    """
+
+    def __init__(self, cu: CompiledUnits, credit: int) -> None:
+        self.cu = cu
+        self.credit = credit
+        n = len(cu.units)
+        self.missing = [len(ts) for ts in cu.tensors]
+        self.left_units = [len(us) for us in cu.units_of_tensor]
+        self.heap: list[tuple[float, int]] = []
+        self.next_in_order = 0
+        # In-flight units and the work (in us at full rate) each still has to do.
+        self.flight: list[int] = []
+        self.remaining: list[float] = []
+        self.last = 0.0
+        self.start = [_INF] * n
+        self.finish = [_INF] * n
+
+    def produce(self, tensor: int, now: float) -> None:
+        for u in self.cu.units_of_tensor[tensor]:
+            self.missing[u] -= 1
+            if self.missing[u] == 0 and not self.cu.in_order:
+                heapq.heappush(self.heap, (self.cu.priority[u], u))
+        if self.cu.in_order:
+            order = self.cu.priority_order
+            while self.next_in_order < len(order) and self.missing[order[self.next_in_order]] == 0:
+                u = order[self.next_in_order]
+                heapq.heappush(self.heap, (self.cu.priority[u], u))
+                self.next_in_order += 1
+
+    def next_time(self) -> float:
+        if not self.flight:
+            return _INF
+        if len(self.flight) == 1:
+            return self.last + self.remaining[0]
+        return self.last + min(self.remaining) * len(self.flight)
+
+    def _progress(self, now: float) -> None:
+        n = len(self.flight)
+        if n and now > self.last:
+            dt = (now - self.last) / n
+            self.remaining = [r - dt for r in self.remaining]
+        self.last = now
+
+    def advance(self, now: float) -> list[int]:
+        if not self.flight:
+            return []
+        if len(self.flight) == 1:
+            if now < self.last + self.remaining[0]:
+                return []
+            done_units = [self.flight[0]]
+            self.flight = []
+            self.remaining = []
+            self.last = now
+        else:
+            self._progress(now)
+            done_units = []
+            keep_u: list[int] = []
+            keep_r: list[float] = []
+            for u, r in zip(self.flight, self.remaining, strict=True):
+                # Relative tolerance: processor sharing accumulates rounding in `remaining`.
+                if r <= 1e-9 * max(1.0, self.cu.cost_us[u]):
+                    done_units.append(u)
+                else:
+                    keep_u.append(u)
+                    keep_r.append(r)
+            self.flight = keep_u
+            self.remaining = keep_r
+        done: list[int] = []
+        for u in done_units:
+            self.finish[u] = now
+            for k in self.cu.tensors[u]:
+                self.left_units[k] -= 1
+                if self.left_units[k] == 0:
+                    done.append(k)
+        return done
+
+    def dispatch(self, now: float) -> None:
+        if len(self.flight) >= self.credit or not self.heap:
+            return
+        self._progress(now)
+        while len(self.flight) < self.credit and self.heap:
+            u = heapq.heappop(self.heap)[1]
+            self.start[u] = now
+            self.flight.append(u)
+            self.remaining.append(self.cu.cost_us[u])
+
+    def records(self) -> tuple[tuple[Unit, ...], list[float], list[float]]:
+        return self.cu.units, self.start, self.finish
+
+
+class CycleFusionChannel(Channel):
+    """Horovod's background thread: cycle-time tensor fusion.
+
+    The thread wakes at cycle boundaries. At a tick it takes every tensor produced so far and not
+    yet sent, in the order they were produced, cuts that list greedily into fused units of at most
+    ``threshold_bytes`` (a tensor larger than the threshold goes alone; ``threshold_bytes = 0``
+    disables fusion) and all-reduces them back to back. The next tick is one cycle after this one
+    or when the last unit finishes, whichever is later. The thread's phase relative to the
+    backward pass is arbitrary in reality; here the tick grid is anchored at the first tensor's
+    production (the phase most favourable to Horovod), so the model never overstates its delay.
+    """
+
+    def __init__(self, prep: Prepared, *, threshold_bytes: int, cycle_us: float) -> None:
+        self.prep = prep
+        self.threshold = threshold_bytes
+        self.cycle = cycle_us
+        alpha = float(prep.trace.comm.alpha_us)
+        beta = float(prep.trace.comm.beta_us_per_byte)
+        self.alpha = alpha
+        self.beta = beta
+        self.pending: list[int] = []
+        # The earliest time the thread may run its next tick, and the grid it sleeps on
+        # (None until the first tensor is produced).
+        self.anchor: float | None = None
+        self.tick: float = _INF
+        # Units of the current batch not yet finished: (finish, unit index) in time order.
+        self.batch: list[tuple[float, int]] = []
+        self.batch_pos = 0
+        self.units: list[Unit] = []
+        self.unit_tensors: list[list[int]] = []
+        self.start: list[float] = []
+        self.finish: list[float] = []
+
+    def _grid_tick(self, now: float) -> float:
+        if self.anchor is None:
+            self.anchor = now
+        if now <= self.anchor:
+            return self.anchor
+        if self.cycle <= 0:
+            return now
+        steps = math.ceil((now - self.anchor) / self.cycle)
+        t = self.anchor + steps * self.cycle
+        # ceil of a rounded quotient can land one step short.
+        return t if t >= now else t + self.cycle
+
+    def produce(self, tensor: int, now: float) -> None:
+        self.pending.append(tensor)
+        if self.tick == _INF and self.batch_pos >= len(self.batch):
+            self.tick = self._grid_tick(now)
+
+    def next_time(self) -> float:
+        t = self.tick
+        if self.batch_pos < len(self.batch):
+            f = self.batch[self.batch_pos][0]
+            t = min(t, f)
+        return t
+
+    def advance(self, now: float) -> list[int]:
+        done: list[int] = []
+        while self.batch_pos < len(self.batch) and self.batch[self.batch_pos][0] <= now:
+            u = self.batch[self.batch_pos][1]
+            done.extend(self.unit_tensors[u])
+            self.batch_pos += 1
+        return done
+
+    def dispatch(self, now: float) -> None:
+        if self.tick > now or self.batch_pos < len(self.batch):
+            return
+        size = self.prep.size_bytes
+        groups: list[list[int]] = []
+        current: list[int] = []
+        current_bytes = 0
+        for k in self.pending:
+            b = size[k]
+            if current and current_bytes + b > self.threshold:
+                groups.append(current)
+                current = []
+                current_bytes = 0
+            current.append(k)
+            current_bytes += b
+        if current:
+            groups.append(current)
+        self.pending = []
+        t = now
+        self.batch = []
+        self.batch_pos = 0
+        names = self.prep.tensor_names
+        for g in groups:
+            nbytes = sum(size[k] for k in g)
+            u = len(self.units)
+            self.units.append(
+                Unit(
+                    priority=float(u),
+                    slices=tuple(
+                        Slice(tensor=names[k], offset_bytes=0, size_bytes=size[k]) for k in g
+                    ),
+                )
+            )
+            self.unit_tensors.append(g)
+            self.start.append(t)
+            t = t + (self.alpha + self.beta * nbytes)
+            self.finish.append(t)
+            self.batch.append((t, u))
+        # Next possible tick: one cycle after this one, or when the batch is done.
+        self.anchor = max(now + self.cycle, t)
+        self.tick = _INF
+
+    def after_batch(self, now: float) -> None:
+        """Schedule the next tick if tensors are waiting once the batch drained."""
+        if self.batch_pos >= len(self.batch) and self.pending and self.tick == _INF:
+            self.tick = self._grid_tick(now)
+
+    def records(self) -> tuple[tuple[Unit, ...], list[float], list[float]]:
+        return tuple(self.units), self.start, self.finish
+
+
+def _channel_step(ch: Channel, now: float) -> list[int]:
+    done = ch.advance(now)
+    if isinstance(ch, CycleFusionChannel):
+        ch.after_batch(now)
+    return done
+
+
+def drive_ideal(prep: Prepared, ch: Channel) -> list[float]:
+    """Replay ``ch`` with release times from the compute-only schedule; tensor done times."""
+    release = prep.release_us
+    order = prep.ready_order
+    n = len(order)
+    done_us = [_INF] * n
+    i = 0
+    while True:
+        tn = release[order[i]] if i < n else _INF
+        tc = ch.next_time()
+        t = tn if tn < tc else tc
+        if t == _INF:
+            break
+        while i < n and release[order[i]] == t:
+            ch.produce(order[i], t)
+            i += 1
+        for k in _channel_step(ch, t):
+            done_us[k] = t
+        ch.dispatch(t)
+    return done_us
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JointResult:
+    op_start_us: list[float]
+    op_finish_us: list[float]
+    tensor_done_us: list[float]
+
+
+def drive_joint(prep: Prepared, ch: Channel, *, serial_compute: bool, barrier: bool) -> JointResult:
+    """Ops and channel in one event loop.
+
+    ``serial_compute``: ops run one at a time on one stream; when the stream is free it starts
+    the ready op that became ready earliest (ties in trace order). Otherwise every ready op
+    starts at once (ideal compute). ``barrier``: gated forward ops also wait for every tensor.
+    """
+    n_ops = len(prep.op_names)
+    n_t = len(prep.tensor_names)
+    dur = prep.duration_us
+    blockers = [len(prep.deps[i]) + len(prep.consumes[i]) for i in range(n_ops)]
+    if barrier:
+        for i in range(n_ops):
+            if prep.gated[i]:
+                blockers[i] += 1
+    start = [_INF] * n_ops
+    finish = [_INF] * n_ops
+    done_us = [_INF] * n_t
+    tensors_left = n_t
+    events: list[tuple[float, int]] = []  # (finish time, op)
+    ready_ops: list[tuple[float, int]] = []  # (ready time, op) for the serial stream
+    stream_busy = False
+
+    def make_ready(i: int, now: float) -> None:
+        if serial_compute:
+            heapq.heappush(ready_ops, (now, i))
+        else:
+            start[i] = now
+            f = now + dur[i]
+            finish[i] = f
+            heapq.heappush(events, (f, i))
+
+    def release_barrier(now: float) -> None:
+        for i in range(n_ops):
+            if prep.gated[i]:
+                blockers[i] -= 1
+                if blockers[i] == 0:
+                    make_ready(i, now)
+
+    for i in range(n_ops):
+        if blockers[i] == 0:
+            make_ready(i, 0.0)
+    if barrier and tensors_left == 0:
+        release_barrier(0.0)
+
+    now = 0.0
+    while True:
+        if serial_compute and not stream_busy and ready_ops:
+            i = heapq.heappop(ready_ops)[1]
+            start[i] = now
+            finish[i] = now + dur[i]
+            heapq.heappush(events, (finish[i], i))
+            stream_busy = True
+        t_op = events[0][0] if events else _INF
+        t_ch = ch.next_time()
+        t = t_op if t_op < t_ch else t_ch
+        if t == _INF:
+            break
+        now = t
+        while events and events[0][0] == t:
+            i = heapq.heappop(events)[1]
+            if serial_compute:
+                stream_busy = False
+            for k in prep.produces[i]:
+                ch.produce(k, t)
+            for c in prep.children[i]:
+                blockers[c] -= 1
+                if blockers[c] == 0:
+                    make_ready(c, t)
+        if t_ch == t:
+            for k in _channel_step(ch, t):
+                done_us[k] = t
+                tensors_left -= 1
+                for c in prep.consumers[k]:
+                    blockers[c] -= 1
+                    if blockers[c] == 0:
+                        make_ready(c, t)
+                if barrier and tensors_left == 0:
+                    release_barrier(t)
+        if isinstance(ch, CycleFusionChannel):
+            ch.after_batch(t)
+        ch.dispatch(t)
+    stuck = [prep.op_names[i] for i in range(n_ops) if finish[i] == _INF]
+    if stuck:
+        raise InputError(f"ops never become ready: {stuck[:5]}", field="ops")
+    return JointResult(op_start_us=start, op_finish_us=finish, tensor_done_us=done_us)
+
+
+def ideal_op_times(
+    prep: Prepared, tensor_done_us: Sequence[float], gate_us: float | None
+) -> tuple[list[float], list[float]]:
+    """Op start/finish under ideal compute given tensor done times.
+
+    ``gate_us``: under a barrier, the time every gated op waits for (end of communication).
+    """
+    n = len(prep.op_names)
+    start = [0.0] * n
+    finish = [0.0] * n
+    deps = prep.deps
+    consumes = prep.consumes
+    dur = prep.duration_us
+    gated = prep.gated
+    for i in prep.topo:
+        s = 0.0
+        for j in deps[i]:
+            s = max(s, finish[j])
+        for k in consumes[i]:
+            s = max(s, tensor_done_us[k])
+        if gate_us is not None and gated[i] and gate_us > s:
+            s = gate_us
+        start[i] = s
+        finish[i] = s + dur[i]
+    return start, finish

@@ -1,0 +1,323 @@
+"""Baseline policies: models of the systems pace is compared against, with their real defaults.
+
+Every default and its source is written down in ``docs/baselines.md``. Orders used below:
+
+* *ready order*: tensors by ready time (producer finish in the compute-only schedule), ties in
+  trace order; the order in which WFBP enqueues gradients.
+* *layer order*: tensors by the compute-only start of their earliest consumer in the next forward
+  pass, ties in trace order; "closer to the input layer first" (P3, ByteScheduler), and exactly
+  TicTac's "when the next forward needs it".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pace.errors import InputError
+from pace.ir import Slice, Unit
+from pace.sim.core import CycleFusion, Plan, Policy, SimOptions, SimResult, simulate
+from pace.sim.prepared import Prepared
+
+MIB = 1024 * 1024
+KIB = 1024
+# Bytes per parameter when a default is stated in parameters (fp32 gradients).
+BYTES_PER_PARAM = 4
+
+HOROVOD_FUSION_THRESHOLD_BYTES = 128 * MIB
+HOROVOD_CYCLE_TIME_US = 1000.0
+HOROVOD_OLD_FUSION_THRESHOLD_BYTES = 64 * MIB
+HOROVOD_OLD_CYCLE_TIME_US = 5000.0
+DDP_BUCKET_CAP_BYTES = 25 * MIB
+DDP_FIRST_BUCKET_BYTES = 1 * MIB
+P3_SLICE_BYTES = 160 * KIB
+# ByteScheduler's documented values for all-reduce (BYTESCHEDULER_PARTITION /
+# BYTESCHEDULER_CREDIT, in parameters).
+BYTESCHEDULER_PARTITION_BYTES = 8_000_000 * BYTES_PER_PARAM
+BYTESCHEDULER_CREDIT_BYTES = 16_000_000 * BYTES_PER_PARAM
+# Grid of bytescheduler-tuned.
+# 64 KiB .. 64 MiB in powers of two, plus ByteScheduler's own default so tuned <= default.
+TUNE_PARTITION_BYTES: tuple[int, ...] = tuple(
+    sorted({2**e * KIB for e in range(6, 17)} | {BYTESCHEDULER_PARTITION_BYTES})
+)
+TUNE_CREDITS: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
+
+_BARRIER = SimOptions(barrier=True)
+
+
+def ready_order(prep: Prepared) -> tuple[int, ...]:
+    """Tensor indices in ready order."""
+    return prep.ready_order
+
+
+def layer_order(prep: Prepared) -> tuple[int, ...]:
+    """Tensor indices in layer order (earliest forward consumer first; none: last)."""
+    need = prep.need_us
+    return tuple(sorted(range(len(need)), key=lambda k: (need[k], k)))
+
+
+def _whole(prep: Prepared, k: int) -> Slice:
+    return Slice(tensor=prep.tensor_names[k], offset_bytes=0, size_bytes=prep.size_bytes[k])
+
+
+def _one_unit_per_tensor(prep: Prepared, order: Iterable[int]) -> tuple[Unit, ...]:
+    return tuple(
+        Unit(priority=float(rank), slices=(_whole(prep, k),)) for rank, k in enumerate(order)
+    )
+
+
+def partition_units(prep: Prepared, order: Iterable[int], partition_bytes: int) -> tuple[Unit, ...]:
+    """Cut every tensor into ``partition_bytes`` slices (the last one shorter); every slice of
+    a tensor gets the tensor's rank in ``order`` as priority, listed by offset so that file order
+    breaks the tie front to back.
+    """
+    if partition_bytes < 1:
+        raise InputError(f"must be >= 1, got {partition_bytes}", field="partition_bytes")
+    units: list[Unit] = []
+    names = prep.tensor_names
+    for rank, k in enumerate(order):
+        size = prep.size_bytes[k]
+        for off in range(0, size, partition_bytes):
+            part = min(partition_bytes, size - off)
+            units.append(
+                Unit(
+                    priority=float(rank),
+                    slices=(Slice(tensor=names[k], offset_bytes=off, size_bytes=part),),
+                )
+            )
+    return tuple(units)
+
+
+def fifo() -> Policy:
+    """WFBP: each gradient all-reduced alone as soon as it is ready, in ready order; barrier."""
+
+    def build(prep: Prepared, options: SimOptions) -> Plan:
+        return Plan(units=_one_unit_per_tensor(prep, prep.ready_order), defaults=_BARRIER)
+
+    return Policy(name="fifo", build=build, description="WFBP: one unit per tensor, ready order")
+
+
+def horovod(
+    *,
+    threshold_bytes: int = HOROVOD_FUSION_THRESHOLD_BYTES,
+    cycle_us: float = HOROVOD_CYCLE_TIME_US,
+    name: str = "horovod",
+) -> Policy:
+    """Horovod tensor fusion: every cycle, fuse all ready tensors up to the threshold; barrier."""
+    if threshold_bytes < 0:
+        raise InputError(f"must be >= 0, got {threshold_bytes}", field="threshold_bytes")
+    if not (math.isfinite(cycle_us) and cycle_us >= 0):
+        raise InputError(f"must be finite and >= 0, got {cycle_us}", field="cycle_us")
+    fusion = CycleFusion(threshold_bytes=threshold_bytes, cycle_us=cycle_us)
+
+    def build(prep: Prepared, options: SimOptions) -> Plan:
+        return Plan(
+            cycle_fusion=fusion,
+            defaults=_BARRIER,
+            knobs={"fusion_threshold_bytes": threshold_bytes, "cycle_time_us": cycle_us},
+        )
+
+    return Policy(name=name, build=build, description="Horovod cycle-time tensor fusion")
+
+
+def horovod_old() -> Policy:
+    """Horovod with its older defaults (64 MB fusion buffer, 5 ms cycle)."""
+    return horovod(
+        threshold_bytes=HOROVOD_OLD_FUSION_THRESHOLD_BYTES,
+        cycle_us=HOROVOD_OLD_CYCLE_TIME_US,
+        name="horovod-old",
+    )
+
+
+def ddp_buckets(
+    prep: Prepared, order: Iterable[int], *, cap_bytes: int, first_bytes: int
+) -> list[list[int]]:
+    """PyTorch DDP's bucket assignment: walk tensors in ``order``, close a bucket once its size
+    reaches the limit (so a bucket may exceed it by its last tensor); the first bucket's limit is
+    ``first_bytes``, every later one ``cap_bytes``.
+    """
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    limit = first_bytes
+    for k in order:
+        current.append(k)
+        size += prep.size_bytes[k]
+        if size >= limit:
+            buckets.append(current)
+            current = []
+            size = 0
+            limit = cap_bytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def ddp(
+    *,
+    bucket_cap_bytes: int = DDP_BUCKET_CAP_BYTES,
+    first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES,
+) -> Policy:
+    """PyTorch DDP: gradient buckets, each all-reduced when all its grads are ready, strictly in
+    bucket order; the optimizer step (and so the next forward) waits for all of them (barrier).
+
+    Bucket order: DDP first buckets parameters in reverse registration order, then after the
+    first iteration rebuilds the buckets in the order gradients actually became ready; the steady
+    state modelled here is that rebuilt order, i.e. ready order.
+    """
+    if bucket_cap_bytes < 1 or first_bucket_bytes < 1:
+        raise InputError("bucket sizes must be >= 1 byte", field="bucket_cap_bytes")
+
+    def build(prep: Prepared, options: SimOptions) -> Plan:
+        buckets = ddp_buckets(
+            prep, prep.ready_order, cap_bytes=bucket_cap_bytes, first_bytes=first_bucket_bytes
+        )
+        units = tuple(
+            Unit(priority=float(b), slices=tuple(_whole(prep, k) for k in bucket))
+            for b, bucket in enumerate(buckets)
+        )
+        return Plan(
+            units=units,
+            defaults=_BARRIER,
+            in_order=True,
+            knobs={
+                "bucket_cap_bytes": bucket_cap_bytes,
+                "first_bucket_bytes": first_bucket_bytes,
+                "buckets": len(buckets),
+            },
+        )
+
+    return Policy(name="ddp", build=build, description="PyTorch DDP gradient buckets")
+
+
+def tictac() -> Policy:
+    """TicTac: whole tensors, ordered by when the next forward pass needs them; no barrier."""
+
+    def build(prep: Prepared, options: SimOptions) -> Plan:
+        return Plan(units=_one_unit_per_tensor(prep, layer_order(prep)))
+
+    return Policy(name="tictac", build=build, description="order by forward need, no partition")
+
+
+def p3(*, slice_bytes: int = P3_SLICE_BYTES) -> Policy:
+    """P3: 160 KB slices, priority by layer, one slice in flight (stop-and-wait); no barrier."""
+
+    def build(prep: Prepared, options: SimOptions) -> Plan:
+        return Plan(
+            units=partition_units(prep, layer_order(prep), slice_bytes),
+            defaults=SimOptions(credit=1),
+            knobs={"slice_bytes": slice_bytes},
+        )
+
+    return Policy(name="p3", build=build, description="160 KB slices, layer priority")
+
+
+def _credit_units(credit_bytes: int, partition_bytes: int) -> int:
+    # ByteScheduler's credit is a byte window; with full-size partitions it admits this many.
+    return max(1, credit_bytes // partition_bytes)
+
+
+def bytescheduler(
+    *,
+    partition_bytes: int = BYTESCHEDULER_PARTITION_BYTES,
+    credit_bytes: int = BYTESCHEDULER_CREDIT_BYTES,
+    name: str = "bytescheduler",
+) -> Policy:
+    """ByteScheduler: partition, priority by layer, credit window; no barrier."""
+    credit = _credit_units(credit_bytes, partition_bytes)
+
+    def build(prep: Prepared, options: SimOptions) -> Plan:
+        return Plan(
+            units=partition_units(prep, layer_order(prep), partition_bytes),
+            defaults=SimOptions(credit=credit),
+            knobs={
+                "partition_bytes": partition_bytes,
+                "credit_bytes": credit_bytes,
+                "credit_units": credit,
+            },
+        )
+
+    return Policy(name=name, build=build, description="partition + credit + layer priority")
+
+
+def bytescheduler_tuned(
+    *,
+    partitions_bytes: tuple[int, ...] = TUNE_PARTITION_BYTES,
+    credits: tuple[int, ...] = TUNE_CREDITS,
+) -> Policy:
+    """ByteScheduler with the best (partition, credit) of a grid, found by simulation.
+
+    ByteScheduler tunes these two knobs online with Bayesian optimisation; an exhaustive grid in
+    the simulator is at least as good as what BO could find on that grid. The caller's explicit
+    ``credit`` option, if any, pins the credit.
+    """
+
+    def build(prep: Prepared, options: SimOptions) -> Plan:
+        order = layer_order(prep)
+        grid_credits = (options.credit,) if options.credit is not None else credits
+        best: tuple[float, int, int] | None = None
+        best_units: tuple[Unit, ...] = ()
+        for part in partitions_bytes:
+            units = partition_units(prep, order, part)
+            pol = Policy(name="_grid", build=_fixed(units))
+            for credit in grid_credits:
+                res = simulate(prep.trace, pol, options=options.over(SimOptions(credit=credit)))
+                key = (res.iteration_us, credit, part)
+                if best is None or key < best:
+                    best = key
+                    best_units = units
+        assert best is not None
+        return Plan(
+            units=best_units,
+            defaults=SimOptions(credit=best[1]),
+            knobs={
+                "partition_bytes": best[2],
+                "credit_units": best[1],
+                "grid_points": len(partitions_bytes) * len(grid_credits),
+            },
+        )
+
+    return Policy(
+        name="bytescheduler-tuned", build=build, description="grid search partition x credit"
+    )
+
+
+def _fixed(units: tuple[Unit, ...]) -> Callable[[Prepared, SimOptions], Plan]:
+    def build(prep: Prepared, options: SimOptions) -> Plan:
+        return Plan(units=units)
+
+    return build
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {
+    "fifo": fifo,
+    "horovod": horovod,
+    "horovod-old": horovod_old,
+    "ddp": ddp,
+    "tictac": tictac,
+    "p3": p3,
+    "bytescheduler": bytescheduler,
+    "bytescheduler-tuned": bytescheduler_tuned,
+}
+
+
+def compare(
+    trace: Any,
+    *,
+    options: SimOptions | None = None,
+    policies: Iterable[str] | None = None,
+) -> dict[str, SimResult]:
+    """Replay every registered baseline (or ``policies``) on ``trace``.
+
+    ``options`` (if given) override every policy's defaults; otherwise each runs with its own.
+    """
+    opts = options if options is not None else SimOptions()
+    names = list(policies) if policies is not None else list(POLICIES)
+    out: dict[str, SimResult] = {}
+    for name in names:
+        factory = POLICIES.get(name)
+        if factory is None:
+            raise InputError(f"unknown policy {name!r}", field="policy")
+        out[name] = simulate(trace, factory(), options=opts)
+    return out
