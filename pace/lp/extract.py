@@ -1,0 +1,299 @@
+"""From a planned channel schedule to schedule units, and the overhead-aware choice among plans.
+
+**Pieces to units.** A plan is a list of pieces ``(job, start_us, weight)`` in time order; each
+piece becomes one all-reduce call (a unit) with ``priority = start_us``. A job's bytes are split
+over its pieces in proportion to ``weight`` (its transmit time, ``duration - alpha``: under the
+cost model a piece of transmit time ``d`` carries ``d / beta`` bytes). Boundaries are rounded
+*up* to whole bytes, the last piece takes the remainder: the replay is work-conserving, so a
+piece that ended a hair before the release it was planned to end at would let the job's next
+piece jump in ahead of the more urgent job; ending a hair late only shifts it by < beta.
+
+For a fused group the pieces span the group's concatenated bytes, so a unit carries slices of
+several tensors. The member released last (the *anchor*, which sets the group's release) is cut
+in proportion across all pieces, so every piece of the group carries a slice of it and becomes
+ready exactly at the group's release, as planned; the other members fill the rest contiguously.
+(A member may then finish before the whole group does, which only lets its consumers start
+earlier: never later than planned.)
+
+**Overhead-aware choice.** Every extra piece costs one more ``alpha`` in reality. Candidates:
+largest-tail-first planned with the per-resume cost and a ladder of "do not preempt a job with
+less than theta left" thresholds (theta = 0, alpha, 2 alpha, ... and infinity = the non-preemptive
+tail order), the FIFO ready order, the order of need (earliest consumer start, TicTac's order),
+then greedy merging of a job's pieces where that helps. Candidates are scored with ``replay_us``
+(the contract's replay restricted to the channel plus Theorem 1, exact and O(U log U)); the
+caller verifies the winner with the simulator.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pace.ir import CommModel, Slice, Unit
+from pace.lp.exact import solve_exact
+from pace.lp.reduction import Reduction
+
+PlanPiece = tuple[int, float, float]
+"""``(job, start_us, weight)``: a planned piece; bytes of the job are split by ``weight``."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class Candidate:
+    """One way to issue the jobs: its plan, the units it compiles to, and their replayed time."""
+
+    name: str
+    pieces: tuple[PlanPiece, ...]
+    units: tuple[Unit, ...]
+    replay_us: float
+
+
+def _byte_bounds(size: int, weights: Sequence[float]) -> list[int]:
+    """Cumulative byte boundaries (rounded up; last = ``size``) for a job split by ``weights``."""
+    m = len(weights)
+    total = float(sum(weights))
+    if m == 1 or total <= 0.0:
+        return [size] if m == 1 else [size] * m
+    bounds: list[int] = []
+    acc = 0.0
+    prev = 0
+    for w in weights[:-1]:
+        acc += w
+        exact = size * acc / total
+        # Round up, but not past a value that is an integer up to float noise.
+        b = math.ceil(exact - 1e-9 * max(1.0, exact))
+        b = min(max(b, prev), size)
+        bounds.append(b)
+        prev = b
+    bounds.append(size)
+    return bounds
+
+
+def units_from_pieces(red: Reduction, pieces: Sequence[PlanPiece]) -> tuple[Unit, ...]:
+    """Schedule units for ``pieces``; every tensor's bytes are covered exactly once.
+
+    Pieces that would carry zero bytes are dropped; a job with no piece gets one unit at its
+    release (so a partial plan still compiles to a complete schedule).
+    """
+    timing = red.tensors
+    by_job: list[list[tuple[float, float]]] = [[] for _ in range(red.n_jobs)]
+    for job, start, weight in pieces:
+        by_job[job].append((start, weight))
+    units: list[tuple[float, int, tuple[Slice, ...]]] = []
+    seq = 0
+    for j, members in enumerate(red.jobs):
+        plan = by_job[j] or [(float(red.release_us[j]), 1.0)]
+        plan.sort(key=lambda sw: sw[0])
+        size = int(red.size_bytes[j])
+        bounds = _byte_bounds(size, [w for _, w in plan])
+        midx = [timing.index[name] for name in members]
+        msize = [int(timing.size_bytes[k]) for k in midx]
+        # Anchor: latest release, then largest (ties by plan order).
+        anchor = max(range(len(members)), key=lambda i: (timing.release_us[midx[i]], msize[i]))
+        a_size = msize[anchor]
+        rest = [i for i in range(len(members)) if i != anchor]
+        # Byte offset of each non-anchor member inside the "rest" concatenation.
+        rest_off: list[int] = []
+        acc = 0
+        for i in rest:
+            rest_off.append(acc)
+            acc += msize[i]
+        prev_b = 0
+        prev_a = 0
+        for (start, _), b in zip(plan, bounds, strict=True):
+            if b == prev_b:
+                continue
+            a = a_size if b == size else (a_size * b) // size
+            slices: list[tuple[int, Slice]] = []
+            if a > prev_a:
+                slices.append(
+                    (
+                        anchor,
+                        Slice(tensor=members[anchor], offset_bytes=prev_a, size_bytes=a - prev_a),
+                    )
+                )
+            lo, hi = prev_b - prev_a, b - a
+            if hi > lo:
+                for pos, i in enumerate(rest):
+                    m_lo = rest_off[pos]
+                    m_hi = m_lo + msize[i]
+                    s_lo, s_hi = max(lo, m_lo), min(hi, m_hi)
+                    if s_hi > s_lo:
+                        slices.append(
+                            (
+                                i,
+                                Slice(
+                                    tensor=members[i],
+                                    offset_bytes=s_lo - m_lo,
+                                    size_bytes=s_hi - s_lo,
+                                ),
+                            )
+                        )
+            slices.sort(key=lambda x: x[0])
+            units.append((start, seq, tuple(s for _, s in slices)))
+            seq += 1
+            prev_b, prev_a = b, a
+    units.sort(key=lambda u: (u[0], u[1]))
+    return tuple(Unit(priority=float(p), slices=s) for p, _, s in units)
+
+
+def replay_us(red: Reduction, comm: CommModel, units: Sequence[Unit]) -> float:
+    """Iteration time of ``units`` under the replay semantics of DESIGN.md.
+
+    The channel's behaviour depends only on when tensors are produced, which by Lemma 1 does not
+    depend on communication; so the replay is a priority list schedule of the units, and the
+    makespan follows from each tensor's completion and tail (Theorem 1). Ties in priority keep
+    list order, as the simulator does.
+    """
+    timing = red.tensors
+    n = len(units)
+    ready = np.empty(n, dtype=np.float64)
+    cost = np.empty(n, dtype=np.float64)
+    for u, unit in enumerate(units):
+        ready[u] = max(timing.release_us[timing.index[s.tensor]] for s in unit.slices)
+        cost[u] = comm.alpha_us + comm.beta_us_per_byte * unit.size_bytes
+    order = sorted(range(n), key=lambda u: (units[u].priority, u))
+    rank = [0] * n
+    for pos, u in enumerate(order):
+        rank[u] = pos
+    by_ready = sorted(range(n), key=lambda u: float(ready[u]))
+    heap: list[tuple[int, int]] = []
+    t = 0.0
+    k = 0
+    done = 0
+    finish = [0.0] * n
+    while done < n:
+        if not heap:
+            t = max(t, float(ready[by_ready[k]]))
+        while k < n and ready[by_ready[k]] <= t:
+            u = by_ready[k]
+            heapq.heappush(heap, (rank[u], u))
+            k += 1
+        u = heapq.heappop(heap)[1]
+        t += float(cost[u])
+        finish[u] = t
+        done += 1
+    completion: dict[str, float] = {}
+    for u, unit in enumerate(units):
+        for s in unit.slices:
+            if finish[u] > completion.get(s.tensor, -math.inf):
+                completion[s.tensor] = finish[u]
+    makespan = red.compute_makespan_us
+    for name, c in completion.items():
+        v = c + float(timing.tail_us[timing.index[name]])
+        makespan = max(makespan, v)
+    return makespan
+
+
+def exact_pieces(
+    red: Reduction, comm: CommModel, *, min_remaining_us: float = 0.0
+) -> tuple[PlanPiece, ...]:
+    """Largest-tail-first plan where each resumed piece pays ``alpha`` again."""
+    alpha = comm.alpha_us
+    sol = solve_exact(
+        red.release_us,
+        red.duration_us,
+        red.tail_us,
+        compute_makespan_us=red.compute_makespan_us,
+        preempt_cost_us=alpha,
+        min_remaining_us=min_remaining_us,
+    )
+    return tuple((j, s, max(e - s - alpha, 0.0)) for j, s, e in sol.pieces)
+
+
+def _candidate(
+    red: Reduction, comm: CommModel, name: str, pieces: Sequence[PlanPiece]
+) -> Candidate:
+    units = units_from_pieces(red, pieces)
+    return Candidate(
+        name=name, pieces=tuple(pieces), units=units, replay_us=replay_us(red, comm, units)
+    )
+
+
+def static_order_pieces(red: Reduction, key: Sequence[float]) -> tuple[PlanPiece, ...]:
+    """One whole piece per job with priority ``key[j]`` (a non-preemptive static order)."""
+    return tuple((j, float(key[j]), 1.0) for j in range(red.n_jobs))
+
+
+def need_us(red: Reduction) -> list[float]:
+    """When each job is first needed if nothing waited on communication (TicTac's order)."""
+    # A consumer with tail q starts at (compute-only makespan - q) at the latest without
+    # delaying the window; the smaller, the more urgent.
+    return [red.compute_makespan_us - float(q) for q in red.tail_us]
+
+
+def merge_pieces(pieces: Sequence[PlanPiece], job: int, *, at: str) -> tuple[PlanPiece, ...]:
+    """``pieces`` with all of ``job``'s pieces fused into one at its first or last start."""
+    mine = [p for p in pieces if p[0] == job]
+    start = mine[0][1] if at == "first" else mine[-1][1]
+    weight = sum(p[2] for p in mine) or 1.0
+    out = [p for p in pieces if p[0] != job]
+    out.append((job, start, weight))
+    out.sort(key=lambda p: p[1])
+    return tuple(out)
+
+
+def overhead_aware_candidates(
+    red: Reduction,
+    comm: CommModel,
+    *,
+    base: Sequence[tuple[str, Sequence[PlanPiece]]] = (),
+    include_exact: bool = True,
+    merge_budget: int = 64,
+) -> list[Candidate]:
+    """Every candidate plan, scored by ``replay_us``; the last element is the greedy-merged best.
+
+    ``base`` adds plans from elsewhere (the LP). With ``alpha = 0`` the plain largest-tail-first
+    plan is optimal and is always among the candidates.
+    """
+    cands: list[Candidate] = [_candidate(red, comm, name, p) for name, p in base]
+    alpha = comm.alpha_us
+    seen: set[tuple[PlanPiece, ...]] = set()
+    if include_exact:
+        longest = float(red.duration_us.max(initial=0.0))
+        thetas = [0.0]
+        if alpha > 0:
+            theta = alpha
+            while theta < longest:
+                thetas.append(theta)
+                theta *= 2
+        for theta in thetas:
+            pieces = exact_pieces(red, comm, min_remaining_us=theta)
+            if pieces not in seen:
+                seen.add(pieces)
+                name = "exact" if theta == 0 else f"exact-theta{theta:g}us"
+                cands.append(_candidate(red, comm, name, pieces))
+    cands.append(
+        _candidate(red, comm, "tail-order", exact_pieces(red, comm, min_remaining_us=math.inf))
+    )
+    cands.append(
+        _candidate(red, comm, "fifo-order", static_order_pieces(red, red.release_us.tolist()))
+    )
+    cands.append(_candidate(red, comm, "need-order", static_order_pieces(red, need_us(red))))
+    best = min(cands, key=lambda c: c.replay_us)
+    improved = _greedy_merge(red, comm, best, merge_budget)
+    if improved is not best:
+        cands.append(improved)
+    return cands
+
+
+def _greedy_merge(red: Reduction, comm: CommModel, cand: Candidate, budget: int) -> Candidate:
+    """Drop preemptions that do not pay: merge a split job's pieces while the replay improves."""
+    counts: dict[int, int] = {}
+    for j, _, _ in cand.pieces:
+        counts[j] = counts.get(j, 0) + 1
+    split = sorted((j for j, c in counts.items() if c > 1), key=lambda j: -counts[j])
+    best = cand
+    for j in split:
+        for at in ("first", "last"):
+            if budget <= 0:
+                return best
+            budget -= 1
+            trial = _candidate(red, comm, f"{cand.name}+merge", merge_pieces(best.pieces, j, at=at))
+            if trial.replay_us < best.replay_us:
+                best = trial
+                break
+    return best
