@@ -1,0 +1,51 @@
+"""Worker of ``pace profile-comm --backend horovod``; run by ``horovodrun``, one per rank.
+
+Same statistic as the gloo benchmark: per size, the median over repetitions of the slowest
+rank's all-reduce time. Rank 0 writes ``[[bytes, us], ...]`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    import horovod.torch as hvd
+    import numpy as np
+    import torch
+
+    from pace.profiler.comm import _reps_for
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", required=True)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    hvd.init()
+    results: list[list[float]] = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        buf = torch.ones(max(1, size // 4), dtype=torch.float32)
+        for _ in range(args.warmup):
+            hvd.allreduce_(buf, op=hvd.Sum, name=f"warm.{size}")
+        times: list[float] = []
+        for rep in range(_reps_for(size, args.reps)):
+            # A tiny all-reduce as a barrier: every rank starts the timed call together.
+            hvd.allreduce(torch.zeros(1), name=f"bar.{size}.{rep}")
+            t0 = time.perf_counter()
+            hvd.allreduce_(buf, op=hvd.Sum, name=f"ar.{size}")
+            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            slowest = hvd.allgather(elapsed, name=f"t.{size}.{rep}").max()
+            times.append(float(slowest))
+        results.append([buf.numel() * 4, float(np.median(times)) * 1e6])
+    if hvd.rank() == 0:
+        Path(args.out).write_text(json.dumps(results))
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

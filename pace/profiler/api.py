@@ -1,0 +1,181 @@
+"""``profile(model, step_fn) -> Trace``: the profiler's one entry function."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from pace.errors import InputError
+from pace.ir import CommModel, Trace
+from pace.profiler.clock import Clock, clock_for
+from pace.profiler.record import IterationRecord, Recorder
+from pace.profiler.window import ParamInfo, Timing, build_window
+
+StepFn = Callable[[torch.nn.Module], torch.Tensor]
+
+
+def _device_of(model: torch.nn.Module) -> str:
+    for p in model.parameters():
+        return str(p.device)
+    return "cpu"
+
+
+def profile(
+    model: torch.nn.Module,
+    step_fn: StepFn,
+    *,
+    iters: int = 5,
+    warmup: int = 2,
+    optimizer: torch.optim.Optimizer | None = None,
+    comm: CommModel | None = None,
+    threads: int | None = 1,
+    timing: Timing = "span",
+    order_edges: bool = True,
+    name: str | None = None,
+    progress: bool = False,
+    clock: Clock | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> Trace:
+    """Profile ``iters`` real training iterations of ``model`` (after ``warmup``) into a Trace.
+
+    ``step_fn(model)`` runs the forward pass and returns the scalar loss; the profiler runs
+    ``loss.backward()`` itself (that is how it finds the backward pass) and then
+    ``optimizer.step()`` if an optimizer is given (its time goes to ``meta["optimizer_us"]``:
+    the window of DESIGN.md holds forward and backward ops only). Gradients are reset to ``None``
+    before every iteration. Durations are per-op medians over the measured iterations.
+
+    ``threads`` sets ``torch.set_num_threads`` for the run (1 by default: stable CPU timings on a
+    shared machine; ``None`` leaves it alone). ``timing="span"`` gives each op the wall time up to
+    the next op (ops add up to the measured pass time, Python overhead included);
+    ``"kernel"`` only the time inside the op, as ``torch.profiler`` reports it.
+    ``comm`` is the all-reduce cost model to embed (default: a ring what-if, 8 workers, 10 Gbps).
+    ``progress=True`` shows a progress bar on stderr.
+
+    Raises ``InputError`` for a model without trainable parameters, a step function that raises
+    or does not return a differentiable scalar, and bad options.
+    """
+    if iters < 1:
+        raise InputError(f"must be >= 1, got {iters}", where="profile", field="iters")
+    if warmup < 0:
+        raise InputError(f"must be >= 0, got {warmup}", where="profile", field="warmup")
+    if timing not in ("span", "kernel"):
+        raise InputError(f"must be 'span' or 'kernel', got {timing!r}", field="timing")
+    if threads is not None and threads < 1:
+        raise InputError(f"must be >= 1, got {threads}", where="profile", field="threads")
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not trainable:
+        raise InputError(
+            "the model has no trainable parameters: there are no gradients to all-reduce",
+            where="profile",
+            field="model",
+        )
+    device = _device_of(model)
+    clk = clock if clock is not None else clock_for(device)
+    if comm is None:
+        from pace.profiler.comm import what_if_comm
+
+        comm = what_if_comm(workers=8, bandwidth_gbps=10.0)
+
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    was_training = model.training
+    model.train()
+    records: list[IterationRecord] = []
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=warmup + iters,
+            desc=f"profile {name or type(model).__name__}",
+            unit="it",
+            file=sys.stderr,
+            disable=not progress,
+        )
+        with Recorder(model, clk) as rec, bar:
+            for it in range(warmup + iters):
+                for _, p in trainable:
+                    p.grad = None
+                record = rec.iteration(
+                    lambda: _call_step(step_fn, model),
+                    optimizer.step if optimizer is not None else None,
+                )
+                if it >= warmup:
+                    records.append(record)
+                bar.update(1)
+    finally:
+        if threads is not None:
+            torch.set_num_threads(old_threads)
+        model.train(was_training)
+
+    params = [
+        ParamInfo(name=n, size_bytes=int(p.numel() * p.element_size()))
+        for n, p in trainable
+        if p.grad is not None
+    ]
+    if not params:
+        raise InputError(
+            "no parameter received a gradient: the loss does not depend on the model",
+            where="profile",
+            field="step_fn",
+        )
+    base_meta: dict[str, Any] = {
+        "framework": "pytorch",
+        "framework_version": torch.__version__,
+        "device": device,
+        "clock": clk.name,
+        "threads": threads if threads is not None else old_threads,
+        "iterations": iters,
+        "warmup": warmup,
+        "dtype": str(trainable[0][1].dtype).replace("torch.", ""),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "parameters": sum(int(p.numel()) for _, p in trainable),
+        "parameters_without_grad": [n for n, p in trainable if p.grad is None],
+    }
+    base_meta.update(meta or {})
+    return build_window(
+        records,
+        params=params,
+        comm=comm,
+        model_name=name or type(model).__name__,
+        timing=timing,
+        order_edges=order_edges,
+        subtract_bookkeeping=clk.name == "host",
+        meta=base_meta,
+    )
+
+
+def _call_step(step_fn: StepFn, model: torch.nn.Module) -> torch.Tensor:
+    try:
+        loss = step_fn(model)
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(
+            f"the step function raised {type(exc).__name__}: {exc}",
+            where="profile",
+            field="step_fn",
+        ) from exc
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise InputError(
+            f"the step function must return the scalar loss tensor, got {_describe(loss)}",
+            where="profile",
+            field="step_fn",
+        )
+    if loss.grad_fn is None:
+        raise InputError(
+            "the loss returned by the step function does not require grad",
+            where="profile",
+            field="step_fn",
+        )
+    return loss
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}"
+    return type(x).__name__

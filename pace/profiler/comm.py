@@ -1,0 +1,380 @@
+"""All-reduce cost: measured with real worker processes, or a what-if ring model.
+
+``benchmark_allreduce`` launches ``workers`` real processes (torch.distributed with gloo over TCP
+on 127.0.0.1, or Horovod through ``horovodrun --gloo``), all-reduces float32 buffers over a size
+sweep, and takes for each size the median over repetitions of the *slowest* rank's time (an
+all-reduce is done when every rank has its result). ``fit_comm`` fits
+``alpha_us + beta_us_per_byte * bytes`` to the samples and reports the fit quality.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import importlib
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pace.errors import InputError
+from pace.ir import CommModel
+
+COMM_FORMAT = "pace.comm"
+COMM_VERSION = 1
+BACKENDS = ("gloo", "horovod")
+# 4 KiB .. 64 MiB by factors of 4: the gradient sizes of the shipped CNNs and transformers.
+DEFAULT_SIZES_BYTES: tuple[int, ...] = tuple(4096 * 4**k for k in range(8))
+# Per-call latency of a ring all-reduce when nothing was measured (Horovod's negotiation and
+# the 2(W-1) ring steps): a what-if default, stated in docs/profiler.md.
+DEFAULT_CALL_LATENCY_US = 50.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommFit:
+    """A fitted all-reduce cost model and how well it fits its samples."""
+
+    model: CommModel
+    r2: float
+    rmse_us: float
+    max_rel_error: float
+    backend: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def what_if_comm(
+    *, workers: int, bandwidth_gbps: float, base: CommModel | None = None
+) -> CommModel:
+    """A ring all-reduce model for ``workers`` over a ``bandwidth_gbps`` link.
+
+    Uses ``pace.cost.what_if`` (the foundation's ring formula, PACE Eqn. 1) when available; the
+    fallback is the same formula without a reduction term: ``2 (W-1)/W * bytes / bandwidth`` plus
+    a per-call latency.
+    """
+    if workers < 1:
+        raise InputError(f"must be >= 1, got {workers}", field="workers")
+    if not (bandwidth_gbps > 0 and math.isfinite(bandwidth_gbps)):
+        raise InputError(f"must be a positive number, got {bandwidth_gbps}", field="bandwidth_gbps")
+    start = base or CommModel(
+        workers=workers,
+        alpha_us=DEFAULT_CALL_LATENCY_US,
+        beta_us_per_byte=_ring_beta(workers, bandwidth_gbps),
+    )
+    what_if = _cost_function("what_if")
+    if what_if is not None:
+        try:
+            model: CommModel = what_if(start, bandwidth_gbps=bandwidth_gbps, workers=workers)
+        except TypeError:  # an older signature: fall back to our formula below
+            pass
+        else:
+            return model
+    return CommModel(
+        workers=workers,
+        alpha_us=start.alpha_us,
+        beta_us_per_byte=_ring_beta(workers, bandwidth_gbps),
+        algorithm="ring",
+    )
+
+
+def _cost_function(name: str) -> Any:
+    """``pace.cost.<name>`` if the foundation's cost module provides it, else None."""
+    try:
+        cost = importlib.import_module("pace.cost")
+    except ImportError:
+        return None
+    return getattr(cost, name, None)
+
+
+def _ring_beta(workers: int, bandwidth_gbps: float) -> float:
+    if workers <= 1:
+        return 0.0
+    bytes_per_us = bandwidth_gbps * 1e9 / 8 / 1e6
+    return 2.0 * (workers - 1) / workers / bytes_per_us
+
+
+def fit_comm(samples: Sequence[tuple[int, float]], *, workers: int, backend: str = "") -> CommFit:
+    """Least-squares fit of ``alpha_us + beta_us_per_byte * bytes`` (both >= 0) to samples."""
+    if len(samples) < 2:
+        raise InputError("need at least two (bytes, us) samples to fit", field="samples")
+    x = np.asarray([float(b) for b, _ in samples])
+    y = np.asarray([float(u) for _, u in samples])
+    if len(set(x.tolist())) < 2:
+        raise InputError("need at least two distinct sizes to fit", field="samples")
+    alpha, beta = _fit_linear(list(zip(x.tolist(), y.tolist(), strict=True)))
+    pred = alpha + beta * x
+    resid = y - pred
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum(resid**2)) / ss_tot if ss_tot > 0 else 1.0
+    model = CommModel(
+        workers=workers,
+        alpha_us=alpha,
+        beta_us_per_byte=beta,
+        algorithm="ring",
+        samples=tuple((int(b), float(u)) for b, u in samples),
+    )
+    return CommFit(
+        model=model,
+        r2=r2,
+        rmse_us=float(np.sqrt(np.mean(resid**2))),
+        max_rel_error=float(np.max(np.abs(resid) / np.maximum(y, 1e-9))),
+        backend=backend,
+    )
+
+
+def _fit_linear(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(alpha, beta) from ``pace.cost.fit_linear`` if it exists, else a clamped lstsq."""
+    fit = _cost_function("fit_linear")
+    if fit is not None:
+        res: Any = fit(points)
+        alpha = getattr(res, "alpha_us", None)
+        beta = getattr(res, "beta_us_per_byte", None)
+        if alpha is None and isinstance(res, tuple):
+            alpha, beta = res[0], res[1]
+        if alpha is not None and beta is not None:
+            return float(alpha), float(beta)
+    x = np.asarray([p[0] for p in points])
+    y = np.asarray([p[1] for p in points])
+    a = np.vstack([np.ones_like(x), x]).T
+    (alpha, beta), *_ = np.linalg.lstsq(a, y, rcond=None)
+    if alpha < 0:  # a negative latency is noise: refit through the origin
+        alpha, beta = 0.0, float(np.dot(x, y) / np.dot(x, x))
+    return float(alpha), max(float(beta), 0.0)
+
+
+def sizes_covering(sizes_bytes: Sequence[int], *, points: int = 8) -> list[int]:
+    """A geometric sweep from the smallest to the largest of ``sizes_bytes`` (4-byte aligned)."""
+    lo = max(4, min(sizes_bytes))
+    hi = max(lo * 4, *sizes_bytes)
+    grid = np.geomspace(lo, hi, points)
+    return sorted({round(float(v) / 4) * 4 or 4 for v in grid})
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _reps_for(size_bytes: int, reps: int) -> int:
+    # Fewer repetitions for big buffers keeps a sweep to seconds on a 2-core machine.
+    return max(3, min(reps, int(256 * 2**20 // max(size_bytes, 1))))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _SweepConfig:
+    world: int
+    port: int
+    sizes: tuple[int, ...]
+    reps: int
+    warmup: int
+    out: str
+
+
+def _gloo_worker(rank: int, cfg: _SweepConfig) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{cfg.port}",
+        rank=rank,
+        world_size=cfg.world,
+        timeout=_dt.timedelta(seconds=300),
+    )
+    try:
+        results: list[list[float]] = []
+        for size in cfg.sizes:
+            buf = torch.ones(max(1, size // 4), dtype=torch.float32)
+            for _ in range(cfg.warmup):
+                dist.all_reduce(buf)
+            times: list[float] = []
+            for _ in range(_reps_for(size, cfg.reps)):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_reduce(buf)
+                elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                times.append(float(elapsed.item()))
+            results.append([buf.numel() * 4, float(np.median(times)) * 1e6])
+        if rank == 0:
+            Path(cfg.out).write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_gloo(workers: int, sizes: list[int], reps: int, warmup: int) -> list[tuple[int, float]]:
+    from torch.multiprocessing import spawn  # type: ignore[attr-defined]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "samples.json")
+        cfg = _SweepConfig(
+            world=workers, port=_free_port(), sizes=tuple(sizes), reps=reps, warmup=warmup, out=out
+        )
+        # Real processes (spawned, not forked: no inherited torch thread state).
+        spawn(_gloo_worker, args=(cfg,), nprocs=workers, join=True)  # type: ignore[no-untyped-call]
+        data = json.loads(Path(out).read_text())
+    return [(int(b), float(u)) for b, u in data]
+
+
+def _run_horovod(
+    workers: int, sizes: list[int], reps: int, warmup: int, timeout_s: float
+) -> list[tuple[int, float]]:
+    try:
+        import horovod  # noqa: F401
+    except ImportError as exc:
+        raise InputError(
+            "horovod is not installed (build it with `make horovod`)", field="backend"
+        ) from exc
+    runner = shutil.which("horovodrun") or str(Path(sys.executable).with_name("horovodrun"))
+    if not Path(runner).exists():
+        raise InputError("horovodrun was not found next to the Python interpreter", field="backend")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "samples.json")
+        cmd = [
+            runner,
+            "-np",
+            str(workers),
+            "-H",
+            f"localhost:{workers}",
+            "--gloo",
+            sys.executable,
+            "-m",
+            "pace.profiler._hvd_bench",
+            "--sizes",
+            ",".join(map(str, sizes)),
+            "--reps",
+            str(reps),
+            "--warmup",
+            str(warmup),
+            "--out",
+            out,
+        ]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False
+        )
+        if proc.returncode != 0 or not Path(out).exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            raise RuntimeError(f"horovodrun failed ({proc.returncode}): " + " | ".join(tail))
+        data = json.loads(Path(out).read_text())
+    return [(int(b), float(u)) for b, u in data]
+
+
+def benchmark_allreduce(
+    *,
+    backend: str = "gloo",
+    workers: int = 2,
+    sizes_bytes: Sequence[int] = DEFAULT_SIZES_BYTES,
+    reps: int = 10,
+    warmup: int = 2,
+    timeout_s: float = 600.0,
+) -> CommFit:
+    """Measure all-reduce times with ``workers`` real processes and fit a cost model."""
+    if backend not in BACKENDS:
+        raise InputError(f"must be one of {', '.join(BACKENDS)}, got {backend!r}", field="backend")
+    if workers < 2:
+        raise InputError(f"must be >= 2 to all-reduce, got {workers}", field="workers")
+    sizes = sorted({int(s) for s in sizes_bytes})
+    if len(sizes) < 2 or sizes[0] < 4:
+        raise InputError("need at least two distinct sizes of >= 4 bytes", field="sizes")
+    if reps < 1:
+        raise InputError(f"must be >= 1, got {reps}", field="reps")
+    t0 = time.perf_counter()
+    if backend == "gloo":
+        samples = _run_gloo(workers, sizes, reps, warmup)
+    else:
+        samples = _run_horovod(workers, sizes, reps, warmup, timeout_s)
+    fit = fit_comm(samples, workers=workers, backend=backend)
+    fit.meta.update(
+        {
+            "backend": backend,
+            "transport": "tcp 127.0.0.1 (one machine)",
+            "reps": reps,
+            "warmup": warmup,
+            "dtype": "float32",
+            "statistic": "median over reps of the slowest rank",
+            "seconds": round(time.perf_counter() - t0, 2),
+            "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+    )
+    return fit
+
+
+def comm_to_dict(fit: CommFit) -> dict[str, Any]:
+    """The ``comm.json`` object: the trace's ``comm`` keys plus the fit quality."""
+    m = fit.model
+    return {
+        "format": COMM_FORMAT,
+        "version": COMM_VERSION,
+        "backend": fit.backend,
+        "workers": m.workers,
+        "algorithm": m.algorithm,
+        "alpha_us": m.alpha_us,
+        "beta_us_per_byte": m.beta_us_per_byte,
+        "samples": [[b, u] for b, u in m.samples],
+        "fit": {"r2": fit.r2, "rmse_us": fit.rmse_us, "max_rel_error": fit.max_rel_error},
+        "meta": fit.meta,
+    }
+
+
+def save_comm(fit: CommFit, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(comm_to_dict(fit), indent=1) + "\n")
+
+
+def load_comm(path: str | Path) -> CommModel:
+    """A cost model from a ``comm.json`` (``pace profile-comm``) or from a trace's ``comm``."""
+    where = str(path)
+    try:
+        if where.endswith(".gz"):
+            import gzip
+
+            with gzip.open(where, "rt") as fh:
+                obj = json.load(fh)
+        else:
+            obj = json.loads(Path(where).read_text())
+    except FileNotFoundError as exc:
+        raise InputError("file not found", where=where) from exc
+    except (OSError, ValueError) as exc:
+        raise InputError(f"not valid JSON: {exc}", where=where) from exc
+    if not isinstance(obj, dict):
+        raise InputError("expected a JSON object", where=where)
+    if obj.get("format") == "pace.trace":
+        obj = obj.get("comm")
+        if not isinstance(obj, dict):
+            raise InputError("missing object", where=where, field="comm")
+    elif obj.get("format") != COMM_FORMAT:
+        raise InputError(f"expected {COMM_FORMAT!r} or 'pace.trace'", where=where, field="format")
+    try:
+        workers = obj["workers"]
+        alpha = obj["alpha_us"]
+        beta = obj["beta_us_per_byte"]
+    except KeyError as exc:
+        raise InputError("missing key", where=where, field=str(exc.args[0])) from exc
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise InputError("must be an integer >= 1", where=where, field="workers")
+    for key, v in (("alpha_us", alpha), ("beta_us_per_byte", beta)):
+        ok = isinstance(v, int | float) and not isinstance(v, bool)
+        if not ok or not math.isfinite(v) or v < 0:
+            raise InputError("must be a finite number >= 0", where=where, field=key)
+    samples: tuple[tuple[int, float], ...] = ()
+    with contextlib.suppress(TypeError, ValueError):
+        samples = tuple((int(b), float(u)) for b, u in obj.get("samples", []))
+    return CommModel(
+        workers=workers,
+        alpha_us=float(alpha),
+        beta_us_per_byte=float(beta),
+        algorithm=str(obj.get("algorithm", "ring")),
+        samples=samples,
+    )
