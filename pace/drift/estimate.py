@@ -1,0 +1,470 @@
+"""Observed per-iteration statistics -> a re-estimated Trace.
+
+The runtime's monitor (``pace.drift.monitor``) records, per iteration, the iteration time, the
+forward and backward compute spans, each gradient's ready time and each all-reduce unit's
+``(bytes, duration_us)``. ``ObservedStats`` is that record, with a JSON form (``stats.json``,
+format ``pace.observed`` v1, documented in docs/drift.md) that ``pace recompile`` reads.
+
+The estimate is deliberately coarse and robust:
+
+* compute: one duration scale per phase (forward, backward) relative to the trace — drift in
+  practice (a co-located job, thermal throttling, a slower node) scales a whole pass, and a scale
+  per phase needs few samples to be stable;
+* communication: ``(alpha_us, beta_us_per_byte)`` refitted from the observed units;
+* jitter: every per-iteration quantity is reduced by a median over the window (robust to the odd
+  slow step); an optional EWMA then smooths successive estimates for slow, continuous drift.
+
+The median is over the iterations given: after a step change pass only iterations from after the
+change (the controller passes the streak that fired the trigger), or the median still sees the
+old regime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import graphlib
+import json
+import math
+import os
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pace.errors import InputError
+from pace.ir import CommModel, Trace
+
+__all__ = [
+    "OBSERVED_FORMAT",
+    "Estimate",
+    "EstimateOptions",
+    "Estimator",
+    "IterationStats",
+    "ObservedStats",
+    "TraceSpans",
+    "apply_estimate",
+    "estimate",
+    "reestimate",
+    "trace_spans",
+]
+
+OBSERVED_FORMAT = "pace.observed"
+SUPPORTED_OBSERVED_VERSIONS: tuple[int, ...] = (1,)
+
+PathLike = str | os.PathLike[str]
+
+
+# ---------------------------------------------------------------------------------------------
+# The observed record
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class IterationStats:
+    """What the monitor saw in one training iteration.
+
+    Times are microseconds. ``grad_ready_us`` is relative to the start of the backward pass (the
+    start of the trace's window). ``forward_us`` is forward *compute*: the forward span minus the
+    time the forward pre-hooks spent blocked on communication, so that it is comparable with the
+    trace's ideal-compute forward span. ``None`` means "not measured".
+    """
+
+    iteration: int
+    iteration_us: float
+    backward_us: float | None = None
+    forward_us: float | None = None
+    grad_ready_us: Mapping[str, float] = field(default_factory=dict)
+    unit_samples: tuple[tuple[int, float], ...] = ()
+    """``(bytes, duration_us)`` of each all-reduce call completed in this iteration."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ObservedStats:
+    """A window of observed iterations, oldest first (the ``stats.json`` file)."""
+
+    iterations: tuple[IterationStats, ...]
+    trace_digest: str = ""
+    """Digest of the trace the running schedule was compiled from, if known."""
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def last(self, n: int) -> ObservedStats:
+        """The same record restricted to its ``n`` most recent iterations."""
+        if n <= 0:
+            raise ValueError(f"n must be >= 1, got {n}")
+        return dataclasses.replace(self, iterations=self.iterations[-n:])
+
+    # -- JSON -------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        its: list[dict[str, Any]] = []
+        for it in self.iterations:
+            its.append(
+                {
+                    "iteration": it.iteration,
+                    "iteration_us": it.iteration_us,
+                    "backward_us": it.backward_us,
+                    "forward_us": it.forward_us,
+                    "grad_ready_us": dict(it.grad_ready_us),
+                    "units": [[b, d] for b, d in it.unit_samples],
+                }
+            )
+        return {
+            "format": OBSERVED_FORMAT,
+            "version": 1,
+            "trace_digest": self.trace_digest,
+            "meta": dict(self.meta),
+            "iterations": its,
+        }
+
+    @staticmethod
+    def from_dict(obj: Any, *, where: str = "") -> ObservedStats:
+        """Parse the ``stats.json`` object; raises ``InputError`` naming ``where`` and the field."""
+        return _parse_observed(obj, where)
+
+    def dump(self, path: PathLike) -> None:
+        """Write ``stats.json`` (plain JSON; NaN is refused, as by the trace writer)."""
+        try:
+            text = json.dumps(self.to_dict(), allow_nan=False, ensure_ascii=False, indent=1)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"cannot write as JSON: {exc}", where=str(path)) from None
+        Path(path).write_text(text + "\n", encoding="utf-8")
+
+    @staticmethod
+    def load(path: PathLike) -> ObservedStats:
+        """Read ``stats.json`` (strict JSON, gzip allowed); raises ``InputError``."""
+        from pace.io import load_json
+
+        return _parse_observed(load_json(path), str(path))
+
+
+def _parse_observed(obj: Any, where: str) -> ObservedStats:
+    def err(fieldname: str, message: str) -> InputError:
+        return InputError(message, where=where, field=fieldname)
+
+    if not isinstance(obj, dict):
+        raise err("", "expected a JSON object")
+    if obj.get("format") != OBSERVED_FORMAT:
+        raise err("format", f"must be {OBSERVED_FORMAT!r}, got {obj.get('format')!r}")
+    version = obj.get("version")
+    if isinstance(version, bool) or version not in SUPPORTED_OBSERVED_VERSIONS:
+        raise err(
+            "version",
+            f"unsupported version {version!r}; supported: {list(SUPPORTED_OBSERVED_VERSIONS)}",
+        )
+    digest = obj.get("trace_digest", "")
+    if not isinstance(digest, str):
+        raise err("trace_digest", "must be a string")
+    meta = obj.get("meta", {})
+    if not isinstance(meta, dict):
+        raise err("meta", "must be an object")
+    raw_its = obj.get("iterations")
+    if not isinstance(raw_its, list):
+        raise err("iterations", "must be a list")
+
+    def num(v: Any, path: str, *, optional: bool = False) -> float | None:
+        if v is None and optional:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise err(path, f"must be a finite number >= 0, got {v!r}")
+        return float(v)
+
+    its: list[IterationStats] = []
+    for i, raw in enumerate(raw_its):
+        p = f"iterations[{i}]"
+        if not isinstance(raw, dict):
+            raise err(p, "must be an object")
+        index = raw.get("iteration")
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise err(f"{p}.iteration", f"must be an integer, got {index!r}")
+        iteration_us = num(raw.get("iteration_us"), f"{p}.iteration_us")
+        assert iteration_us is not None  # not optional
+        ready_raw = raw.get("grad_ready_us", {})
+        if not isinstance(ready_raw, dict):
+            raise err(f"{p}.grad_ready_us", "must be an object (tensor name -> us)")
+        ready: dict[str, float] = {}
+        for name, t in ready_raw.items():
+            value = num(t, f"{p}.grad_ready_us.{name}")
+            assert value is not None
+            ready[name] = value
+        units_raw = raw.get("units", [])
+        if not isinstance(units_raw, list):
+            raise err(f"{p}.units", "must be a list of [bytes, duration_us]")
+        units: list[tuple[int, float]] = []
+        for j, u in enumerate(units_raw):
+            up = f"{p}.units[{j}]"
+            if not isinstance(u, list) or len(u) != 2:
+                raise err(up, "must be a pair [bytes, duration_us]")
+            size, dur = u
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise err(up, f"bytes must be an integer > 0, got {size!r}")
+            d = num(dur, up)
+            assert d is not None
+            units.append((size, d))
+        its.append(
+            IterationStats(
+                iteration=index,
+                iteration_us=iteration_us,
+                backward_us=num(raw.get("backward_us"), f"{p}.backward_us", optional=True),
+                forward_us=num(raw.get("forward_us"), f"{p}.forward_us", optional=True),
+                grad_ready_us=ready,
+                unit_samples=tuple(units),
+            )
+        )
+    return ObservedStats(iterations=tuple(its), trace_digest=digest, meta=meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the trace predicts for the same quantities
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TraceSpans:
+    """The trace's ideal-compute (no communication) timeline, in the monitor's terms."""
+
+    backward_us: float
+    """From the window start to the last backward op's finish."""
+    forward_us: float
+    """From the first forward op's start to the last forward op's finish."""
+    ready_us: Mapping[str, float]
+    """Each tensor's ready time (its producer's finish) from the window start."""
+
+
+def trace_spans(trace: Trace) -> TraceSpans:
+    """Ideal-compute spans of a trace: each op starts when its deps finish (no comm waits)."""
+    ops = trace.op_map()
+    sorter = graphlib.TopologicalSorter({op.name: op.deps for op in trace.ops})
+    start: dict[str, float] = {}
+    finish: dict[str, float] = {}
+    try:
+        order = list(sorter.static_order())
+    except graphlib.CycleError as exc:
+        raise InputError(f"ops have a dependency cycle: {exc.args[1]}", field="ops") from None
+    for name in order:
+        op = ops.get(name)
+        if op is None:
+            raise InputError(f"unknown op {name!r} in deps", field="ops")
+        s = max((finish[d] for d in op.deps), default=0.0)
+        start[name] = s
+        finish[name] = s + op.duration_us
+    bw = [finish[o.name] for o in trace.ops if o.phase == "backward"]
+    fw_start = [start[o.name] for o in trace.ops if o.phase == "forward"]
+    fw_finish = [finish[o.name] for o in trace.ops if o.phase == "forward"]
+    return TraceSpans(
+        backward_us=max(bw, default=0.0),
+        forward_us=(max(fw_finish) - min(fw_start)) if fw_start else 0.0,
+        ready_us={t.name: finish[t.producer] for t in trace.tensors},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The estimate
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EstimateOptions:
+    """How observations are reduced to an estimate."""
+
+    window: int = 20
+    """Most recent iterations the medians are taken over."""
+    ewma_weight: float = 1.0
+    """Weight of a new window median in ``Estimator``'s running estimate; 1.0 = no EWMA.
+
+    The default keeps successive estimates independent: after a step change the new regime should
+    be adopted at once, which an EWMA would delay by mixing in the old one.
+    """
+    min_unit_samples: int = 2
+    """Fewer observed units than this keep the trace's comm model unchanged."""
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window!r}")
+        if not (0.0 < self.ewma_weight <= 1.0):
+            raise ValueError(f"ewma_weight must be in (0, 1], got {self.ewma_weight!r}")
+        if self.min_unit_samples < 1:
+            raise ValueError(f"min_unit_samples must be >= 1, got {self.min_unit_samples!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Estimate:
+    """Smoothed drift estimate relative to a trace."""
+
+    forward_scale: float
+    """Observed forward compute / the trace's forward span (1.0 if not observed)."""
+    backward_scale: float
+    """Observed backward compute / the trace's backward span (1.0 if not observed)."""
+    alpha_us: float
+    beta_us_per_byte: float
+    observed_iteration_us: float
+    """Median observed iteration time over the window."""
+    iterations_used: int
+    comm_points: tuple[tuple[int, float], ...] = ()
+    """The ``(bytes, median duration_us)`` points the comm model was fitted on."""
+
+
+def estimate(
+    trace: Trace, stats: ObservedStats, options: EstimateOptions | None = None
+) -> Estimate:
+    """Median-over-window estimate of the drift of ``stats`` relative to ``trace``.
+
+    Raises ``InputError`` if ``stats`` holds no iteration.
+    """
+    opts = options if options is not None else EstimateOptions()
+    its = stats.iterations[-opts.window :]
+    if not its:
+        raise InputError("no observed iteration to estimate from", field="iterations")
+    spans = trace_spans(trace)
+
+    bw_ratios: list[float] = []
+    fw_ratios: list[float] = []
+    for it in its:
+        if it.backward_us is not None and spans.backward_us > 0:
+            bw_ratios.append(it.backward_us / spans.backward_us)
+        elif it.grad_ready_us:
+            # No span measured: the ready times of gradients are producer finishes, so their
+            # ratio to the trace's ready times is the backward scale (median over tensors).
+            per_tensor = [
+                t / spans.ready_us[name]
+                for name, t in it.grad_ready_us.items()
+                if spans.ready_us.get(name, 0.0) > 0
+            ]
+            if per_tensor:
+                bw_ratios.append(statistics.median(per_tensor))
+        if it.forward_us is not None and spans.forward_us > 0:
+            fw_ratios.append(it.forward_us / spans.forward_us)
+
+    alpha, beta, points = _fit_comm(
+        trace.comm, (s for it in its for s in it.unit_samples), opts.min_unit_samples
+    )
+    return Estimate(
+        forward_scale=statistics.median(fw_ratios) if fw_ratios else 1.0,
+        backward_scale=statistics.median(bw_ratios) if bw_ratios else 1.0,
+        alpha_us=alpha,
+        beta_us_per_byte=beta,
+        observed_iteration_us=statistics.median(it.iteration_us for it in its),
+        iterations_used=len(its),
+        comm_points=points,
+    )
+
+
+def _fit_comm(
+    comm: CommModel, samples: Iterable[tuple[int, float]], min_samples: int
+) -> tuple[float, float, tuple[tuple[int, float], ...]]:
+    """(alpha, beta) from unit samples: median duration per size, then a linear fit.
+
+    Medians per distinct size first, so one slow call does not tilt the line. With a single
+    distinct size the two parameters are not identifiable: keep the trace's alpha and attribute
+    the change to beta (bandwidth drift is the common case; per-call latency rarely moves).
+    """
+    by_size: dict[int, list[float]] = {}
+    n = 0
+    for size, dur in samples:
+        by_size.setdefault(size, []).append(dur)
+        n += 1
+    if n < min_samples:
+        return comm.alpha_us, comm.beta_us_per_byte, ()
+    points = tuple(sorted((size, statistics.median(ds)) for size, ds in by_size.items()))
+    if len(points) == 1:
+        size, dur = points[0]
+        beta = max(dur - comm.alpha_us, 0.0) / size
+        return comm.alpha_us, beta, points
+    alpha, beta = fit_alpha_beta(points)
+    return alpha, beta, points
+
+
+def fit_alpha_beta(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares ``us = alpha + beta * bytes`` with both coefficients kept >= 0.
+
+    Uses ``pace.cost.fit_linear`` (the same fit the profiler uses) and clamps: a negative
+    intercept from noisy small calls means "alpha below resolution", so the line is refitted
+    through the origin; a negative slope cannot be a bandwidth and is replaced by the mean
+    per-byte cost.
+    """
+    import numpy as np
+
+    x = np.array([float(b) for b, _ in points])
+    y = np.array([float(d) for _, d in points])
+    beta_fit, alpha_fit = np.polyfit(x, y, 1)
+    alpha, beta = float(alpha_fit), float(beta_fit)
+    if alpha < 0:
+        total_b2 = sum(float(b) * b for b, _ in points)
+        beta = sum(float(b) * d for b, d in points) / total_b2
+        alpha = 0.0
+    if beta < 0:
+        beta = statistics.mean(d / b for b, d in points)
+        alpha = 0.0
+    return alpha, beta
+
+
+def apply_estimate(trace: Trace, est: Estimate) -> Trace:
+    """The trace with op durations scaled per phase and the comm model replaced.
+
+    Ops of phase ``optimizer``/``other`` keep their durations: the monitor does not observe them.
+    """
+    ops = tuple(
+        dataclasses.replace(op, duration_us=op.duration_us * est.forward_scale)
+        if op.phase == "forward"
+        else dataclasses.replace(op, duration_us=op.duration_us * est.backward_scale)
+        if op.phase == "backward"
+        else op
+        for op in trace.ops
+    )
+    comm = dataclasses.replace(
+        trace.comm,
+        alpha_us=est.alpha_us,
+        beta_us_per_byte=est.beta_us_per_byte,
+        samples=tuple((b, d) for b, d in est.comm_points),
+    )
+    meta = dict(trace.meta)
+    meta["drift_estimate"] = {
+        "forward_scale": est.forward_scale,
+        "backward_scale": est.backward_scale,
+        "alpha_us": est.alpha_us,
+        "beta_us_per_byte": est.beta_us_per_byte,
+        "observed_iteration_us": est.observed_iteration_us,
+        "iterations_used": est.iterations_used,
+    }
+    return dataclasses.replace(trace, ops=ops, comm=comm, meta=meta)
+
+
+def reestimate(trace: Trace, stats: ObservedStats, options: EstimateOptions | None = None) -> Trace:
+    """``apply_estimate(trace, estimate(trace, stats, options))``: the offline path."""
+    return apply_estimate(trace, estimate(trace, stats, options))
+
+
+class Estimator:
+    """Running estimate over successive windows, optionally EWMA-smoothed.
+
+    ``update`` is called at re-estimation time (rare), not per iteration, so it may be O(window).
+    """
+
+    def __init__(self, trace: Trace, options: EstimateOptions | None = None) -> None:
+        self.trace = trace
+        self.options = options if options is not None else EstimateOptions()
+        self.current: Estimate | None = None
+
+    def update(self, stats: ObservedStats) -> Estimate:
+        new = estimate(self.trace, stats, self.options)
+        w = self.options.ewma_weight
+        if self.current is None or w >= 1.0:
+            self.current = new
+        else:
+            old = self.current
+
+            def mix(a: float, b: float) -> float:
+                return w * b + (1.0 - w) * a
+
+            self.current = dataclasses.replace(
+                new,
+                forward_scale=mix(old.forward_scale, new.forward_scale),
+                backward_scale=mix(old.backward_scale, new.backward_scale),
+                alpha_us=mix(old.alpha_us, new.alpha_us),
+                beta_us_per_byte=mix(old.beta_us_per_byte, new.beta_us_per_byte),
+                observed_iteration_us=mix(old.observed_iteration_us, new.observed_iteration_us),
+            )
+        return self.current
+
+    def trace_estimate(self) -> Trace:
+        """The base trace with the current estimate applied (the base trace if none yet)."""
+        if self.current is None:
+            return self.trace
+        return apply_estimate(self.trace, self.current)

@@ -1,0 +1,286 @@
+"""Observed statistics -> re-estimated trace; the stats.json format; the monitor's ring buffers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pace.drift.estimate import (
+    EstimateOptions,
+    Estimator,
+    IterationStats,
+    ObservedStats,
+    apply_estimate,
+    estimate,
+    reestimate,
+    trace_spans,
+)
+from pace.drift.monitor import Monitor
+from pace.errors import InputError
+from pace.ir import Trace
+from pace.synth import random_trace
+from tests.strategies import traces
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "drift-stats.json"
+
+
+def _observe(
+    trace: Trace,
+    *,
+    fw_scale: float,
+    bw_scale: float,
+    alpha_us: float,
+    beta: float,
+    n: int,
+    jitter: float,
+    seed: int,
+    outliers: float = 0.0,
+) -> ObservedStats:
+    """What a monitor would record in a world of ``trace`` scaled, with multiplicative jitter."""
+    rng = random.Random(seed)
+    spans = trace_spans(trace)
+
+    def j() -> float:
+        x = 1 + rng.uniform(-jitter, jitter)
+        if rng.random() < outliers:
+            x *= 3  # a slow step (GC pause, preemption)
+        return x
+
+    its = []
+    for i in range(n):
+        units = tuple((t.size_bytes, (alpha_us + beta * t.size_bytes) * j()) for t in trace.tensors)
+        its.append(
+            IterationStats(
+                iteration=i,
+                iteration_us=1000.0 * j(),
+                backward_us=spans.backward_us * bw_scale * j(),
+                forward_us=spans.forward_us * fw_scale * j(),
+                grad_ready_us={name: r * bw_scale * j() for name, r in spans.ready_us.items()},
+                unit_samples=units,
+            )
+        )
+    return ObservedStats(iterations=tuple(its))
+
+
+@settings(max_examples=60)
+@given(
+    trace=traces(max_layers=8),
+    fw=st.floats(0.3, 3.0),
+    bw=st.floats(0.3, 3.0),
+    beta_factor=st.floats(0.25, 4.0),
+    seed=st.integers(0, 2**16),
+)
+def test_recovers_scales_and_comm_without_jitter(
+    trace: Trace, fw: float, bw: float, beta_factor: float, seed: int
+) -> None:
+    beta = trace.comm.beta_us_per_byte * beta_factor
+    stats = _observe(
+        trace, fw_scale=fw, bw_scale=bw, alpha_us=25.0, beta=beta, n=5, jitter=0.0, seed=seed
+    )
+    est = estimate(trace, stats)
+    spans = trace_spans(trace)
+    if spans.forward_us > 0:
+        assert est.forward_scale == pytest.approx(fw, rel=1e-9)
+    if spans.backward_us > 0:
+        assert est.backward_scale == pytest.approx(bw, rel=1e-9)
+    if len({t.size_bytes for t in trace.tensors}) >= 2:
+        assert est.alpha_us == pytest.approx(25.0, rel=1e-6, abs=1e-6)
+        assert est.beta_us_per_byte == pytest.approx(beta, rel=1e-6)
+    new = apply_estimate(trace, est)
+    new_spans = trace_spans(new)
+    assert new_spans.backward_us == pytest.approx(spans.backward_us * est.backward_scale)
+    assert [t.name for t in new.tensors] == [t.name for t in trace.tensors]
+    assert new.comm.workers == trace.comm.workers
+
+
+def test_median_is_robust_to_jitter_and_outliers() -> None:
+    trace = random_trace(seed=11, n_layers=12)
+    beta = trace.comm.beta_us_per_byte * 2  # bandwidth halved
+    stats = _observe(
+        trace,
+        fw_scale=1.3,
+        bw_scale=0.8,
+        alpha_us=30.0,
+        beta=beta,
+        n=20,
+        jitter=0.05,
+        seed=3,
+        outliers=0.15,
+    )
+    est = estimate(trace, stats)
+    assert est.forward_scale == pytest.approx(1.3, rel=0.05)
+    assert est.backward_scale == pytest.approx(0.8, rel=0.05)
+    assert est.beta_us_per_byte == pytest.approx(beta, rel=0.08)
+    # The mean would be dragged up by the 3x outliers; the median is not.
+    assert est.observed_iteration_us == pytest.approx(1000.0, rel=0.05)
+
+
+def test_grad_ready_times_stand_in_for_missing_backward_span() -> None:
+    trace = random_trace(seed=12, n_layers=6)
+    stats = _observe(
+        trace, fw_scale=1.0, bw_scale=1.7, alpha_us=5.0, beta=1e-3, n=4, jitter=0.0, seed=1
+    )
+    stats = ObservedStats(
+        iterations=tuple(dataclasses.replace(it, backward_us=None) for it in stats.iterations)
+    )
+    assert estimate(trace, stats).backward_scale == pytest.approx(1.7)
+
+
+def test_single_size_keeps_alpha_and_too_few_samples_keep_comm() -> None:
+    trace = random_trace(seed=13, n_layers=3, alpha_us=20.0)
+    its = tuple(
+        IterationStats(iteration=i, iteration_us=100.0, unit_samples=((1000, 120.0),))
+        for i in range(3)
+    )
+    est = estimate(trace, ObservedStats(iterations=its))
+    assert est.alpha_us == 20.0
+    assert est.beta_us_per_byte == pytest.approx(0.1)
+    # No unit observed: the trace's comm model stays.
+    bare = ObservedStats(iterations=(IterationStats(iteration=0, iteration_us=1.0),))
+    est = estimate(trace, bare)
+    assert (est.alpha_us, est.beta_us_per_byte) == (20.0, trace.comm.beta_us_per_byte)
+    assert (est.forward_scale, est.backward_scale) == (1.0, 1.0)
+
+
+def test_window_uses_most_recent_iterations() -> None:
+    trace = random_trace(seed=14, n_layers=4)
+    old = _observe(trace, fw_scale=1, bw_scale=1, alpha_us=0, beta=1e-3, n=30, jitter=0, seed=0)
+    new = _observe(trace, fw_scale=2, bw_scale=2, alpha_us=0, beta=1e-3, n=5, jitter=0, seed=0)
+    both = ObservedStats(iterations=old.iterations + new.iterations)
+    assert estimate(trace, both, EstimateOptions(window=5)).backward_scale == pytest.approx(2.0)
+    assert estimate(trace, both.last(5)).backward_scale == pytest.approx(2.0)
+    assert estimate(trace, both).backward_scale == pytest.approx(1.0)  # window 20: still old
+
+
+def test_estimator_ewma() -> None:
+    trace = random_trace(seed=15, n_layers=4)
+
+    def obs(scale: float) -> ObservedStats:
+        return _observe(
+            trace, fw_scale=scale, bw_scale=scale, alpha_us=0, beta=1e-3, n=3, jitter=0, seed=0
+        )
+
+    est = Estimator(trace, EstimateOptions(ewma_weight=0.5))
+    assert est.trace_estimate() is trace
+    assert est.update(obs(1.0)).backward_scale == pytest.approx(1.0)
+    assert est.update(obs(2.0)).backward_scale == pytest.approx(1.5)
+    assert est.update(obs(2.0)).backward_scale == pytest.approx(1.75)
+    assert trace_spans(est.trace_estimate()).backward_us == pytest.approx(
+        trace_spans(trace).backward_us * 1.75
+    )
+
+
+def test_no_iterations_is_an_input_error() -> None:
+    with pytest.raises(InputError, match="no observed iteration"):
+        estimate(random_trace(seed=1, n_layers=2), ObservedStats(iterations=()))
+
+
+# -- stats.json ----------------------------------------------------------------------------
+
+
+def test_stats_json_round_trip(tmp_path: Path) -> None:
+    trace = random_trace(seed=16, n_layers=4)
+    stats = _observe(trace, fw_scale=1, bw_scale=1, alpha_us=3, beta=1e-3, n=4, jitter=0.1, seed=2)
+    stats = dataclasses.replace(stats, trace_digest="abc", meta={"rank": 0})
+    path = tmp_path / "stats.json"
+    stats.dump(path)
+    back = ObservedStats.load(path)
+    assert back == stats
+    assert back.meta == {"rank": 0}
+    assert reestimate(trace, back).comm == reestimate(trace, stats).comm
+
+
+def test_documented_example_loads() -> None:
+    stats = ObservedStats.load(EXAMPLE)
+    assert len(stats.iterations) >= 2
+    assert all(it.unit_samples for it in stats.iterations)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda d: d.update(format="pace.trace"), "format"),
+        (lambda d: d.update(version=2), "version"),
+        (lambda d: d.update(iterations={}), "iterations"),
+        (lambda d: d["iterations"][0].update(iteration_us=-1), "iterations[0].iteration_us"),
+        (lambda d: d["iterations"][0].update(iteration=1.5), "iterations[0].iteration"),
+        (lambda d: d["iterations"][1].update(units=[[0, 3.0]]), "iterations[1].units[0]"),
+        (lambda d: d["iterations"][1].update(units=[[10]]), "iterations[1].units[0]"),
+        (lambda d: d["iterations"][0].update(forward_us="x"), "iterations[0].forward_us"),
+        (
+            lambda d: d["iterations"][0].update(grad_ready_us={"w": True}),
+            "iterations[0].grad_ready_us.w",
+        ),
+    ],
+)
+def test_bad_stats_name_file_and_field(tmp_path: Path, mutate: object, field: str) -> None:
+    obj = json.loads(EXAMPLE.read_text())
+    mutate(obj)  # type: ignore[operator]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(obj))
+    with pytest.raises(InputError) as info:
+        ObservedStats.load(path)
+    assert info.value.where == str(path)
+    assert info.value.field == field
+
+
+def test_truncated_stats_file(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(EXAMPLE.read_text()[:50])
+    with pytest.raises(InputError):
+        ObservedStats.load(path)
+
+
+# -- monitor -------------------------------------------------------------------------------
+
+
+def test_monitor_ring_wraps_and_keeps_last_iterations() -> None:
+    names = ["a", "b", "c"]
+    mon = Monitor(names, capacity=4, trace_digest="d")
+    t = 0.0
+    mon.on_iteration_start(t)
+    for i in range(10):
+        mon.on_backward_start(t)
+        for k, n in enumerate(names):
+            if i % 3 == 0 and n == "c":
+                continue  # a missing event stays missing, not stale from 4 iterations ago
+            mon.on_grad_ready(n if k % 2 else k, t + 10 * (k + 1))
+        mon.on_backward_end(t + 30)
+        mon.on_unit_done(0, 100 * (i + 1), float(i))
+        mon.on_forward_compute(5.0 + i)
+        t += 100.0 + i
+        assert mon.on_iteration_end(t) == pytest.approx(100.0 + i)
+    snap = mon.snapshot()
+    assert snap.trace_digest == "d"
+    assert [it.iteration for it in snap.iterations] == [6, 7, 8, 9]
+    assert [it.iteration_us for it in snap.iterations] == [106.0, 107.0, 108.0, 109.0]
+    assert snap.iterations[-1].unit_samples == ((1000, 9.0),)
+    assert snap.iterations[-1].forward_us == 14.0
+    assert snap.iterations[-1].backward_us == 30.0
+    assert dict(snap.iterations[0].grad_ready_us) == {"a": 10.0, "b": 20.0}  # iteration 6
+    assert dict(snap.iterations[1].grad_ready_us) == {"a": 10.0, "b": 20.0, "c": 30.0}
+    assert [it.iteration for it in mon.snapshot(last=2).iterations] == [8, 9]
+    assert mon.iterations_seen == 10
+
+
+def test_monitor_first_end_without_start_is_dropped(tmp_path: Path) -> None:
+    mon = Monitor(["x"], capacity=3)
+    mon.on_iteration_end(5.0)  # no start known: time unknown
+    mon.on_iteration_end(15.0)
+    snap = mon.snapshot()
+    assert [it.iteration_us for it in snap.iterations] == [10.0]
+    mon.dump(str(tmp_path / "s.json"))
+    assert ObservedStats.load(tmp_path / "s.json") == snap
+
+
+def test_monitor_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        Monitor(["a"], capacity=0)
+    with pytest.raises(ValueError, match="unique"):
+        Monitor(["a", "a"])
