@@ -18,7 +18,7 @@ def lower_bound_us(trace: Trace) -> tuple[float, str]:
     scheduler stage provides it, else the compute critical path.
     """
     try:
-        from pace.lp import lower_bound_us as lp_lower_bound_us  # type: ignore[attr-defined]
+        from pace.lp import lower_bound_us as lp_lower_bound_us
     except ImportError:
         return compute_critical_path_us(trace), "critical-path"
     return float(lp_lower_bound_us(trace)), "optimal-preemptive"
