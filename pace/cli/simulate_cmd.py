@@ -1,0 +1,154 @@
+"""``pace simulate TRACE (--policy NAME | --schedule FILE)``: replay one policy on a trace.
+
+Prints the iteration time (``--json``: one object with at least ``iteration_us``). Options
+change the simulator's mode (DESIGN.md: the default is the contract's replay semantics):
+``--credit N`` units in flight sharing the bandwidth, ``--barrier`` (the next forward waits for
+all communication), ``--one-compute-stream`` (ops serialised). ``--no-barrier`` etc. override a
+policy's own default (``fifo``, ``horovod`` and ``ddp`` default to a barrier).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from pace.cli._output import print_json, print_table
+from pace.errors import InputError
+
+
+def add_trace_options(p: argparse.ArgumentParser) -> None:
+    """Options shared with ``pace compare``: the what-if cost model and simulator modes."""
+    p.add_argument(
+        "--bandwidth-gbps",
+        type=float,
+        metavar="X",
+        help="what-if: re-derive the trace's all-reduce cost for this link bandwidth",
+    )
+    p.add_argument(
+        "--workers", type=int, metavar="W", help="what-if: re-derive the cost for W workers"
+    )
+    p.add_argument(
+        "--credit",
+        type=int,
+        metavar="N",
+        help="units in flight at once, sharing the bandwidth (default: the policy's, else 1)",
+    )
+    p.add_argument(
+        "--barrier",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the next forward pass waits for all communication (default: the policy's)",
+    )
+    p.add_argument(
+        "--one-compute-stream",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run ops one at a time on one stream instead of unlimited parallel compute",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="replay a policy or a compiled schedule on a trace",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    p.add_argument("trace", metavar="TRACE", help="trace file (.json or .json.gz)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--policy", metavar="NAME", help="a baseline policy (see pace compare)")
+    which.add_argument("--schedule", metavar="FILE", help="a compiled schedule of TRACE")
+    add_trace_options(p)
+    p.set_defaults(func=run)
+
+
+def load_trace_what_if(args: argparse.Namespace) -> Any:
+    """The trace of ``args.trace``, verified, with the what-if cost model applied."""
+    from pace.io import load_trace
+
+    trace = load_trace(args.trace)
+    if args.bandwidth_gbps is None and args.workers is None:
+        return trace
+    from pace.compiler import apply_what_if
+
+    return apply_what_if(trace, bandwidth_gbps=args.bandwidth_gbps, workers=args.workers)
+
+
+def sim_options(args: argparse.Namespace) -> Any:
+    from pace.sim import SimOptions
+
+    try:
+        return SimOptions(
+            credit=args.credit, barrier=args.barrier, one_compute_stream=args.one_compute_stream
+        )
+    except InputError as exc:
+        raise InputError(exc.detail, where=f"--{exc.field.replace('_', '-')}") from None
+
+
+def result_summary(res: Any) -> dict[str, Any]:
+    """The JSON fields of one replay."""
+    return {
+        "policy": res.policy,
+        "iteration_us": res.iteration_us,
+        "comm_busy_us": res.comm_busy_us,
+        "comm_end_us": res.comm_end_us,
+        "overlap_us": res.overlap_us,
+        "units": len(res.units),
+        "options": {
+            "credit": res.options.credit,
+            "barrier": res.options.barrier,
+            "one_compute_stream": res.options.one_compute_stream,
+        },
+        "knobs": dict(res.knobs),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from pace.sim import simulate
+
+    trace = load_trace_what_if(args)
+    options = sim_options(args)
+    policy: Any
+    predicted: float | None = None
+    if args.schedule is not None:
+        from pace.io import load_schedule
+
+        policy = load_schedule(args.schedule, trace=trace)
+        predicted = float(policy.predicted_iteration_us)
+    else:
+        from pace.sim import POLICIES
+
+        if args.policy not in POLICIES:
+            raise InputError(
+                f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}", where="--policy"
+            )
+        policy = args.policy
+    res = simulate(trace, policy, options=options)
+    out = result_summary(res)
+    out["trace"] = str(args.trace)
+    if predicted is not None:
+        out["predicted_iteration_us"] = predicted
+        out["matches_prediction"] = math.isclose(
+            predicted, res.iteration_us, rel_tol=1e-6, abs_tol=1e-6
+        )
+    if args.json:
+        print_json(out)
+        return 0
+    rows: list[tuple[str, Any]] = [
+        ("policy", res.policy),
+        ("iteration_us", res.iteration_us),
+        ("comm_busy_us", res.comm_busy_us),
+        ("overlap_us", res.overlap_us),
+        ("units", len(res.units)),
+        (
+            "options",
+            f"credit={res.options.credit} barrier={res.options.barrier} "
+            f"one_compute_stream={res.options.one_compute_stream}",
+        ),
+    ]
+    rows.extend((f"knob {k}", str(v)) for k, v in res.knobs.items())
+    if predicted is not None:
+        rows.append(("predicted_iteration_us (file)", predicted))
+    print_table(f"pace simulate {args.trace}", ["field", "value"], rows)
+    return 0
