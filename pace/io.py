@@ -114,6 +114,9 @@ def _decode(text: str, where: str) -> Any:
 
 
 def _join(path: str, key: str) -> str:
+    # Quote odd keys so a path stays one readable line whatever the file contains.
+    if not key or not key.isprintable() or any(c in key for c in ".[] "):
+        key = json.dumps(key)
     return f"{path}.{key}" if path else key
 
 
