@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import importlib
 import json
 import math
 import os
@@ -53,103 +52,30 @@ class CommFit:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def what_if_comm(
-    *, workers: int, bandwidth_gbps: float, base: CommModel | None = None
-) -> CommModel:
-    """A ring all-reduce model for ``workers`` over a ``bandwidth_gbps`` link.
+def what_if_comm(*, workers: int, bandwidth_gbps: float) -> CommModel:
+    """A ring all-reduce model (``pace.cost``, PACE Eqn. 1) for ``workers`` over a link of
+    ``bandwidth_gbps``, plus ``DEFAULT_CALL_LATENCY_US`` per call."""
+    from pace.cost import ring_comm_model
 
-    Uses ``pace.cost.what_if`` (the foundation's ring formula, PACE Eqn. 1) when available; the
-    fallback is the same formula without a reduction term: ``2 (W-1)/W * bytes / bandwidth`` plus
-    a per-call latency.
-    """
-    if workers < 1:
-        raise InputError(f"must be >= 1, got {workers}", field="workers")
-    if not (bandwidth_gbps > 0 and math.isfinite(bandwidth_gbps)):
-        raise InputError(f"must be a positive number, got {bandwidth_gbps}", field="bandwidth_gbps")
-    start = base or CommModel(
-        workers=workers,
-        alpha_us=DEFAULT_CALL_LATENCY_US,
-        beta_us_per_byte=_ring_beta(workers, bandwidth_gbps),
+    return ring_comm_model(
+        workers=workers, bandwidth_gbps=bandwidth_gbps, latency_us=DEFAULT_CALL_LATENCY_US
     )
-    what_if = _cost_function("what_if")
-    if what_if is not None:
-        try:
-            model: CommModel = what_if(start, bandwidth_gbps=bandwidth_gbps, workers=workers)
-        except TypeError:  # an older signature: fall back to our formula below
-            pass
-        else:
-            return model
-    return CommModel(
-        workers=workers,
-        alpha_us=start.alpha_us,
-        beta_us_per_byte=_ring_beta(workers, bandwidth_gbps),
-        algorithm="ring",
-    )
-
-
-def _cost_function(name: str) -> Any:
-    """``pace.cost.<name>`` if the foundation's cost module provides it, else None."""
-    try:
-        cost = importlib.import_module("pace.cost")
-    except ImportError:
-        return None
-    return getattr(cost, name, None)
-
-
-def _ring_beta(workers: int, bandwidth_gbps: float) -> float:
-    if workers <= 1:
-        return 0.0
-    bytes_per_us = bandwidth_gbps * 1e9 / 8 / 1e6
-    return 2.0 * (workers - 1) / workers / bytes_per_us
 
 
 def fit_comm(samples: Sequence[tuple[int, float]], *, workers: int, backend: str = "") -> CommFit:
-    """Least-squares fit of ``alpha_us + beta_us_per_byte * bytes`` (both >= 0) to samples."""
-    if len(samples) < 2:
-        raise InputError("need at least two (bytes, us) samples to fit", field="samples")
-    x = np.asarray([float(b) for b, _ in samples])
+    """Fit ``alpha_us + beta_us_per_byte * bytes`` (``pace.cost.fit_linear``) with its quality."""
+    from pace.cost import fit_linear
+
+    model, quality = fit_linear([(int(b), float(u)) for b, u in samples], workers=workers)
     y = np.asarray([float(u) for _, u in samples])
-    if len(set(x.tolist())) < 2:
-        raise InputError("need at least two distinct sizes to fit", field="samples")
-    alpha, beta = _fit_linear(list(zip(x.tolist(), y.tolist(), strict=True)))
-    pred = alpha + beta * x
-    resid = y - pred
-    ss_tot = float(np.sum((y - y.mean()) ** 2))
-    r2 = 1.0 - float(np.sum(resid**2)) / ss_tot if ss_tot > 0 else 1.0
-    model = CommModel(
-        workers=workers,
-        alpha_us=alpha,
-        beta_us_per_byte=beta,
-        algorithm="ring",
-        samples=tuple((int(b), float(u)) for b, u in samples),
-    )
+    pred = np.asarray([model.cost_us(b) for b, _ in samples])
     return CommFit(
         model=model,
-        r2=r2,
-        rmse_us=float(np.sqrt(np.mean(resid**2))),
-        max_rel_error=float(np.max(np.abs(resid) / np.maximum(y, 1e-9))),
+        r2=quality.r2,
+        rmse_us=float(np.sqrt(np.mean((y - pred) ** 2))),
+        max_rel_error=quality.max_rel_error,
         backend=backend,
     )
-
-
-def _fit_linear(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """(alpha, beta) from ``pace.cost.fit_linear`` if it exists, else a clamped lstsq."""
-    fit = _cost_function("fit_linear")
-    if fit is not None:
-        res: Any = fit(points)
-        alpha = getattr(res, "alpha_us", None)
-        beta = getattr(res, "beta_us_per_byte", None)
-        if alpha is None and isinstance(res, tuple):
-            alpha, beta = res[0], res[1]
-        if alpha is not None and beta is not None:
-            return float(alpha), float(beta)
-    x = np.asarray([p[0] for p in points])
-    y = np.asarray([p[1] for p in points])
-    a = np.vstack([np.ones_like(x), x]).T
-    (alpha, beta), *_ = np.linalg.lstsq(a, y, rcond=None)
-    if alpha < 0:  # a negative latency is noise: refit through the origin
-        alpha, beta = 0.0, float(np.dot(x, y) / np.dot(x, x))
-    return float(alpha), max(float(beta), 0.0)
 
 
 def sizes_covering(sizes_bytes: Sequence[int], *, points: int = 8) -> list[int]:

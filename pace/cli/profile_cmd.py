@@ -1,0 +1,298 @@
+"""``pace profile`` (real iterations -> trace) and ``pace profile-comm`` (all-reduce cost).
+
+``pace profile --model torchvision:resnet50 --batch-size 32 --iters 5 -o traces/r50.json.gz``
+runs real training iterations and writes the trace window of DESIGN.md; the all-reduce cost model
+it embeds is a measured one (``--comm comm.json``) or a ring what-if (``--workers``,
+``--bandwidth-gbps``; default 8 workers, 10 Gbps).
+
+``pace profile-comm --backend gloo --workers 2 -o comm.json`` launches real worker processes,
+times all-reduce over a size sweep and fits ``alpha + beta * bytes``.
+
+torch is imported inside the handlers, so ``pace --help`` works without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from typing import Any
+
+from pace.cli._output import print_json, print_table
+from pace.errors import InputError
+
+_SUFFIX = {"": 1, "k": 1024, "kb": 1024, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
+
+
+def _size(text: str) -> int:
+    """``4096``, ``64K``, ``16M``, ``1G`` -> bytes."""
+    t = text.strip().lower().removesuffix("ib").removesuffix("b") if text.strip() else ""
+    num = t.rstrip("kmg")
+    unit = t[len(num) :]
+    try:
+        value = float(num) * _SUFFIX[unit]
+    except (ValueError, KeyError) as exc:
+        raise InputError(
+            f"not a size: {text!r} (use e.g. 4096, 64K, 16M)", where="--sizes"
+        ) from exc
+    if value < 4:
+        raise InputError(f"sizes must be >= 4 bytes, got {text!r}", where="--sizes")
+    return int(value)
+
+
+def _as_option(exc: InputError, *, default: str) -> InputError:
+    """A library error about option ``batch_size`` reported as ``--batch-size``."""
+    if exc.where:
+        return exc
+    where = "--" + exc.field.replace("_", "-") if exc.field else default
+    return InputError(exc.detail, where=where)
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    p = subparsers.add_parser(
+        "profile",
+        help="profile real training iterations of a model into a trace",
+        description=(__doc__ or "").splitlines()[0],
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        help="torchvision:NAME (random weights, no download), pace:transformer, pace:lstm-seq2seq",
+    )
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--iters", type=int, default=5, help="measured iterations (medians)")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured iterations first")
+    p.add_argument("--image-size", type=int, default=224, help="torchvision models: H = W")
+    p.add_argument("--num-classes", type=int, default=1000, help="torchvision models")
+    p.add_argument("--seq-len", type=int, default=64, help="built-in sequence models")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument(
+        "--timing",
+        choices=("span", "kernel"),
+        default="span",
+        help="span: op owns the wall time to the next op (default); kernel: time inside the op",
+    )
+    p.add_argument(
+        "--no-order-edges",
+        action="store_true",
+        help="keep only data dependencies (drop the one-stream order edges)",
+    )
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--comm", metavar="FILE", help="measured cost model (pace profile-comm)")
+    p.add_argument("--workers", type=int, help="what-if: number of workers (default 8)")
+    p.add_argument("--bandwidth-gbps", type=float, help="what-if: ring bandwidth (default 10)")
+    p.add_argument("-o", "--output", required=True, help="trace file (.json or .json.gz)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.set_defaults(func=run_profile)
+
+    c = subparsers.add_parser(
+        "profile-comm",
+        help="measure all-reduce cost with real worker processes and fit alpha + beta*bytes",
+        description="Time all-reduce over a size sweep with W real processes; fit the cost.",
+    )
+    c.add_argument("--backend", choices=("gloo", "horovod"), default="gloo")
+    c.add_argument("--workers", type=int, default=2)
+    c.add_argument("--sizes", help="comma-separated sizes in bytes (64K, 16M ...)")
+    c.add_argument(
+        "--for-trace",
+        metavar="TRACE",
+        help="sweep from the smallest to the largest gradient tensor of this trace",
+    )
+    c.add_argument("--reps", type=int, default=10, help="timed all-reduces per size (median)")
+    c.add_argument("--warmup", type=int, default=2)
+    c.add_argument("-o", "--output", required=True, help="comm.json to write")
+    c.add_argument("--plot", metavar="PNG", help="also plot the samples and the fit")
+    c.add_argument("--json", action="store_true", help="print the fit as one JSON object")
+    c.set_defaults(func=run_profile_comm)
+
+
+def _comm_model(args: argparse.Namespace) -> tuple[Any, str]:
+    from pace.cost import what_if
+    from pace.profiler.comm import load_comm, what_if_comm
+
+    if args.comm:
+        model = load_comm(args.comm)
+        if args.workers is None and args.bandwidth_gbps is None:
+            return model, f"measured ({args.comm})"
+        changed = what_if(model, bandwidth_gbps=args.bandwidth_gbps, workers=args.workers)
+        return changed, f"measured ({args.comm}), what-if workers/bandwidth applied"
+    workers = 8 if args.workers is None else args.workers
+    bw = 10.0 if args.bandwidth_gbps is None else args.bandwidth_gbps
+    model = what_if_comm(workers=workers, bandwidth_gbps=bw)
+    return model, f"what-if ring: {workers} workers, {bw:g} Gbps, {model.alpha_us:g} us per call"
+
+
+def _command(args: argparse.Namespace) -> str:
+    parts = [
+        "pace",
+        "profile",
+        "--model",
+        args.model,
+        "--batch-size",
+        str(args.batch_size),
+        "--iters",
+        str(args.iters),
+        "--warmup",
+        str(args.warmup),
+    ]
+    if args.model.startswith("torchvision:"):
+        parts += ["--image-size", str(args.image_size)]
+    else:
+        parts += ["--seq-len", str(args.seq_len)]
+    if args.threads != 1:
+        parts += ["--threads", str(args.threads)]
+    if args.timing != "span":
+        parts += ["--timing", args.timing]
+    if args.no_order_edges:
+        parts.append("--no-order-edges")
+    for flag, value in (
+        ("--comm", args.comm),
+        ("--workers", args.workers),
+        ("--bandwidth-gbps", args.bandwidth_gbps),
+    ):
+        if value is not None:
+            parts += [flag, str(value)]
+    parts += ["-o", args.output]
+    return shlex.join(parts)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    for name in ("iters", "batch_size", "threads"):
+        if getattr(args, name) < 1:
+            raise InputError(f"must be >= 1, got {getattr(args, name)}", where="--" + name)
+    if args.warmup < 0:
+        raise InputError(f"must be >= 0, got {args.warmup}", where="--warmup")
+    comm, comm_source = _comm_model(args)
+    try:
+        import torch
+    except ImportError as exc:
+        raise InputError("torch is not installed (pip install 'pace[profile]')") from exc
+    from pace.io import save_trace
+    from pace.profiler import build_workload, profile
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError("CUDA is not available on this machine", where="--device")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)  # also for model construction
+    try:
+        work = build_workload(
+            args.model,
+            batch_size=args.batch_size,
+            image_size=args.image_size,
+            seq_len=args.seq_len,
+            num_classes=args.num_classes,
+            device=device,
+            seed=args.seed,
+        )
+    except InputError as exc:
+        raise _as_option(exc, default="--model") from None
+    t0 = time.perf_counter()
+    trace = profile(
+        work.model,
+        work.step_fn,
+        iters=args.iters,
+        warmup=args.warmup,
+        optimizer=work.optimizer,
+        comm=comm,
+        threads=args.threads,
+        timing=args.timing,
+        order_edges=not args.no_order_edges,
+        name=work.name,
+        progress=not args.no_progress,
+        meta={
+            "batch_size": args.batch_size,
+            "workload": dict(work.details),
+            "command": _command(args),
+            "comm_source": comm_source,
+        },
+    )
+    seconds = time.perf_counter() - t0
+    save_trace(trace, args.output)
+    fw = [o for o in trace.ops if o.phase == "forward"]
+    bw = [o for o in trace.ops if o.phase == "backward"]
+    summary = {
+        "output": args.output,
+        "model": trace.model,
+        "forward_ops": len(fw),
+        "backward_ops": len(bw),
+        "tensors": len(trace.tensors),
+        "total_bytes": trace.total_bytes,
+        "forward_us": sum(o.duration_us for o in fw),
+        "backward_us": sum(o.duration_us for o in bw),
+        "alpha_us": trace.comm.alpha_us,
+        "beta_us_per_byte": trace.comm.beta_us_per_byte,
+        "workers": trace.comm.workers,
+        "comm_source": comm_source,
+        "profile_seconds": round(seconds, 2),
+    }
+    if args.json:
+        print_json(summary)
+    else:
+        print_table(
+            f"pace profile {trace.model} -> {args.output}",
+            ["quantity", "value"],
+            [[k, v] for k, v in summary.items() if k not in ("output", "model")],
+        )
+    return 0
+
+
+def run_profile_comm(args: argparse.Namespace) -> int:
+    if args.workers < 2:
+        raise InputError(f"must be >= 2, got {args.workers}", where="--workers")
+    if args.reps < 1:
+        raise InputError(f"must be >= 1, got {args.reps}", where="--reps")
+    if args.sizes and args.for_trace:
+        raise InputError("give --sizes or --for-trace, not both", where="--for-trace")
+    from pace.profiler.comm import (
+        DEFAULT_SIZES_BYTES,
+        benchmark_allreduce,
+        comm_to_dict,
+        save_comm,
+        sizes_covering,
+    )
+
+    if args.sizes:
+        sizes = [_size(s) for s in args.sizes.split(",") if s.strip()]
+    elif args.for_trace:
+        from pace.io import load_trace
+
+        trace = load_trace(args.for_trace)
+        sizes = sizes_covering([t.size_bytes for t in trace.tensors])
+    else:
+        sizes = list(DEFAULT_SIZES_BYTES)
+    try:
+        fit = benchmark_allreduce(
+            backend=args.backend,
+            workers=args.workers,
+            sizes_bytes=sizes,
+            reps=args.reps,
+            warmup=args.warmup,
+        )
+    except InputError as exc:
+        raise _as_option(exc, default="profile-comm") from None
+    save_comm(fit, args.output)
+    if args.plot:
+        from pace.profiler.plot import plot_comm
+
+        plot_comm(fit, args.plot)
+    if args.json:
+        print_json(comm_to_dict(fit))
+    else:
+        m = fit.model
+        print_table(
+            f"all-reduce, {args.backend}, {m.workers} workers -> {args.output}",
+            ["bytes", "measured_us", "fit_us"],
+            [[b, u, m.cost_us(b)] for b, u in m.samples],
+        )
+        sys.stdout.write(
+            f"alpha_us={m.alpha_us:.1f} beta_us_per_byte={m.beta_us_per_byte:.3e} "
+            f"(~{8e-3 / m.beta_us_per_byte if m.beta_us_per_byte > 0 else float('inf'):.2f} Gbps "
+            f"algorithm bandwidth) r2={fit.r2:.4f} max_rel_error={fit.max_rel_error:.2f}\n"
+        )
+    return 0
