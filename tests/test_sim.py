@@ -238,6 +238,16 @@ def test_horovod_idle_thread_wakes_on_its_cycle_grid() -> None:
     assert res.iteration_us == 51
 
 
+def test_horovod_nccl_style_thread_keeps_its_cycle_while_units_run() -> None:
+    trace = cycle_trace(20)
+    # Tick 5: [w3] 5-16. The thread does not wait for it: next grid point 15 takes w2 (ready
+    # 10), queued behind w3: 16-27. w1 (ready 30) waits for the tick at 35: 35-46.
+    # fw1 46 .. fw3 ends 49 (the synchronous thread of the test above: 51).
+    res = simulate(trace, horovod(threshold_bytes=100, cycle_us=10, synchronous=False))
+    assert res.unit_start_us == (5, 16, 35)
+    assert res.iteration_us == 49
+
+
 def test_horovod_rejects_credit() -> None:
     with pytest.raises(InputError, match="credit"):
         simulate(tiny(), "horovod", options=SimOptions(credit=2))

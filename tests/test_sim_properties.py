@@ -145,10 +145,11 @@ def test_fast_path_equals_event_loop(trace: Trace, barrier: bool, credit: int) -
             close(a, b) for a, b in zip(fast.tensor_done_us, slow.tensor_done_us, strict=True)
         )
         assert all(close(a, b) for a, b in zip(fast.op_start_us, slow.op_start_us, strict=True))
-    pol = horovod(threshold_bytes=1 << 20, cycle_us=50.0)
-    fast = simulate(trace, pol, options=SimOptions(barrier=barrier))
-    slow = _simulate(trace, pol, options=SimOptions(barrier=barrier), force_event_loop=True)
-    assert close(fast.iteration_us, slow.iteration_us)
+    for sync in (True, False):
+        pol = horovod(threshold_bytes=1 << 20, cycle_us=50.0, synchronous=sync)
+        fast = simulate(trace, pol, options=SimOptions(barrier=barrier))
+        slow = _simulate(trace, pol, options=SimOptions(barrier=barrier), force_event_loop=True)
+        assert close(fast.iteration_us, slow.iteration_us)
 
 
 @settings(max_examples=40)

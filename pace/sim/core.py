@@ -90,6 +90,8 @@ class CycleFusion:
 
     threshold_bytes: int
     cycle_us: float
+    # The background thread blocks on its collectives (CPU/Gloo) or only enqueues them (NCCL).
+    synchronous: bool = True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -290,6 +292,7 @@ def _simulate(
             prep,
             threshold_bytes=plan.cycle_fusion.threshold_bytes,
             cycle_us=plan.cycle_fusion.cycle_us,
+            synchronous=plan.cycle_fusion.synchronous,
         )
         cu = None
     else:

@@ -269,15 +269,22 @@ class CycleFusionChannel(Channel):
     yet sent, in the order they were produced, cuts that list greedily into fused units of at most
     ``threshold_bytes`` (a tensor larger than the threshold goes alone; ``threshold_bytes = 0``
     disables fusion) and all-reduces them back to back. The next tick is one cycle after this one
-    or when the last unit finishes, whichever is later. The thread's phase relative to the
+    or when the last unit finishes, whichever is later (``synchronous``: the thread blocks on
+    its collectives, as in CPU/Gloo builds). With ``synchronous=False`` (GPU/NCCL builds, where
+    the collectives are queued on a stream) the thread ticks every cycle regardless, and the
+    units it forms queue behind the ones still running. The thread's phase relative to the
     backward pass is arbitrary in reality; here the tick grid is anchored at the first tensor's
     production (the phase most favourable to Horovod), so the model never overstates its delay.
     """
 
-    def __init__(self, prep: Prepared, *, threshold_bytes: int, cycle_us: float) -> None:
+    def __init__(
+        self, prep: Prepared, *, threshold_bytes: int, cycle_us: float, synchronous: bool = True
+    ) -> None:
         self.prep = prep
         self.threshold = threshold_bytes
         self.cycle = cycle_us
+        self.synchronous = synchronous
+        self.channel_free = 0.0
         alpha = float(prep.trace.comm.alpha_us)
         beta = float(prep.trace.comm.beta_us_per_byte)
         self.alpha = alpha
@@ -287,7 +294,7 @@ class CycleFusionChannel(Channel):
         # (None until the first tensor is produced).
         self.anchor: float | None = None
         self.tick: float = _INF
-        # Units of the current batch not yet finished: (finish, unit index) in time order.
+        # Units formed so far, (finish, unit index) in time order; those before batch_pos are done.
         self.batch: list[tuple[float, int]] = []
         self.batch_pos = 0
         self.units: list[Unit] = []
@@ -307,9 +314,12 @@ class CycleFusionChannel(Channel):
         # ceil of a rounded quotient can land one step short.
         return t if t >= now else t + self.cycle
 
+    def _busy(self) -> bool:
+        return self.synchronous and self.batch_pos < len(self.batch)
+
     def produce(self, tensor: int, now: float) -> None:
         self.pending.append(tensor)
-        if self.tick == _INF and self.batch_pos >= len(self.batch):
+        if self.tick == _INF and not self._busy():
             self.tick = self._grid_tick(now)
 
     def next_time(self) -> float:
@@ -328,7 +338,7 @@ class CycleFusionChannel(Channel):
         return done
 
     def dispatch(self, now: float) -> None:
-        if self.tick > now or self.batch_pos < len(self.batch):
+        if self.tick > now or self._busy():
             return
         size = self.prep.size_bytes
         groups: list[list[int]] = []
@@ -345,9 +355,7 @@ class CycleFusionChannel(Channel):
         if current:
             groups.append(current)
         self.pending = []
-        t = now
-        self.batch = []
-        self.batch_pos = 0
+        t = max(now, self.channel_free)
         names = self.prep.tensor_names
         for g in groups:
             nbytes = sum(size[k] for k in g)
@@ -365,13 +373,15 @@ class CycleFusionChannel(Channel):
             t = t + (self.alpha + self.beta * nbytes)
             self.finish.append(t)
             self.batch.append((t, u))
-        # Next possible tick: one cycle after this one, or when the batch is done.
-        self.anchor = max(now + self.cycle, t)
+        self.channel_free = t
+        # Next possible tick: one cycle after this one (and, if the thread blocks on its
+        # collectives, no earlier than the end of this batch).
+        self.anchor = max(now + self.cycle, t) if self.synchronous else now + self.cycle
         self.tick = _INF
 
     def after_batch(self, now: float) -> None:
         """Schedule the next tick if tensors are waiting once the batch drained."""
-        if self.batch_pos >= len(self.batch) and self.pending and self.tick == _INF:
+        if not self._busy() and self.pending and self.tick == _INF:
             self.tick = self._grid_tick(now)
 
     def records(self) -> tuple[tuple[Unit, ...], list[float], list[float]]:

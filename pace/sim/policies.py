@@ -102,20 +102,32 @@ def horovod(
     *,
     threshold_bytes: int = HOROVOD_FUSION_THRESHOLD_BYTES,
     cycle_us: float = HOROVOD_CYCLE_TIME_US,
+    synchronous: bool = True,
     name: str = "horovod",
 ) -> Policy:
-    """Horovod tensor fusion: every cycle, fuse all ready tensors up to the threshold; barrier."""
+    """Horovod tensor fusion: every cycle, fuse all ready tensors up to the threshold; barrier.
+
+    ``synchronous``: the background thread waits for its collectives before the next cycle
+    (CPU/Gloo builds; the default, matching this project's runtime); ``False`` models GPU/NCCL
+    builds where collectives are only enqueued on a stream.
+    """
     if threshold_bytes < 0:
         raise InputError(f"must be >= 0, got {threshold_bytes}", field="threshold_bytes")
     if not (math.isfinite(cycle_us) and cycle_us >= 0):
         raise InputError(f"must be finite and >= 0, got {cycle_us}", field="cycle_us")
-    fusion = CycleFusion(threshold_bytes=threshold_bytes, cycle_us=cycle_us)
+    fusion = CycleFusion(
+        threshold_bytes=threshold_bytes, cycle_us=cycle_us, synchronous=synchronous
+    )
 
     def build(prep: Prepared, options: SimOptions) -> Plan:
         return Plan(
             cycle_fusion=fusion,
             defaults=_BARRIER,
-            knobs={"fusion_threshold_bytes": threshold_bytes, "cycle_time_us": cycle_us},
+            knobs={
+                "fusion_threshold_bytes": threshold_bytes,
+                "cycle_time_us": cycle_us,
+                "synchronous": synchronous,
+            },
         )
 
     return Policy(name=name, build=build, description="Horovod cycle-time tensor fusion")
