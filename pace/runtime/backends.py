@@ -1,0 +1,157 @@
+"""Collective backends: Horovod (``horovod.torch.mpi_ops``) and ``torch.distributed``.
+
+A backend starts an in-place averaging all-reduce of a contiguous tensor and waits for it with a
+time limit. Averaging is Horovod's ``op=Average``: sum over ranks, then multiply by
+``1 / size`` (Horovod's ``postscale_factor``; ``torch.distributed`` does the same multiply
+after its sum so both backends give the same bits). For a power-of-two number of ranks this is
+also bitwise what DDP computes (it divides before summing; scaling by a power of two is exact).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+
+from pace.errors import InputError
+
+# Horovod negotiates every collective in cycles; with tensor fusion or the response cache on it
+# may regroup or reorder what we issue. These are read once, by hvd.init().
+HOROVOD_ENV = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"}
+
+# Polling back-off for Horovod handles: Horovod's own wait spins (yield + GIL re-acquire), which
+# on a 2-core machine steals the CPU the backward pass needs.
+_POLL_MIN_S = 20e-6
+_POLL_MAX_S = 1e-3
+
+
+class CollectiveTimeoutError(TimeoutError):
+    """A collective did not finish within the time limit."""
+
+
+class Backend(Protocol):
+    name: str
+    rank: int
+    size: int
+
+    def start(self, buf: torch.Tensor, name: str) -> Any:
+        """Start an in-place averaging all-reduce of contiguous ``buf``; returns a handle."""
+        ...
+
+    def wait(self, handle: Any, timeout_s: float) -> None:
+        """Wait for ``handle``; raise ``CollectiveTimeoutError`` or the backend's error."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class HorovodBackend:
+    """``horovod.torch.mpi_ops.allreduce_async_`` with ``op=Average``, fusion and cache off."""
+
+    name = "horovod"
+
+    def __init__(self) -> None:
+        try:
+            import horovod.torch as hvd
+            from horovod.torch import mpi_ops
+        except ImportError as exc:  # pragma: no cover - depends on the machine
+            raise InputError(
+                "horovod.torch is not importable; build it with scripts/install_horovod.sh "
+                f"({exc})",
+                where="backend",
+            ) from exc
+        if not hvd.is_initialized():
+            for key, value in HOROVOD_ENV.items():
+                os.environ.setdefault(key, value)
+            hvd.init()
+        bad = {k: os.environ.get(k) for k, v in HOROVOD_ENV.items() if os.environ.get(k) != v}
+        if bad:
+            warnings.warn(
+                f"Horovod runs with {bad} (pace needs "
+                f"{HOROVOD_ENV}): Horovod may regroup or reorder the scheduled all-reduces; "
+                "results are unchanged. Set these variables before hvd.init().",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        self._hvd = hvd
+        self._mpi_ops = mpi_ops
+        self.rank = int(hvd.rank())
+        self.size = int(hvd.size())
+
+    def start(self, buf: torch.Tensor, name: str) -> Any:
+        return self._mpi_ops.allreduce_async_(buf, name=name, op=self._mpi_ops.Average)
+
+    def wait(self, handle: Any, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pause = _POLL_MIN_S
+        while not self._mpi_ops.poll(handle):
+            if time.monotonic() > deadline:
+                raise CollectiveTimeoutError(f"not finished after {timeout_s:g} s")
+            time.sleep(pause)
+            pause = min(_POLL_MAX_S, pause * 2)
+        # Returns at once now; raises HorovodInternalError if the collective failed.
+        self._mpi_ops.synchronize(handle)
+
+    def close(self) -> None:
+        """Horovod's lifetime belongs to the user (hvd.shutdown)."""
+
+
+class TorchBackend:
+    """``torch.distributed.all_reduce(async_op=True)`` on a process group of its own.
+
+    A dedicated group keeps the user's own collectives (metrics, barriers) on the default group
+    from interleaving with ours: two threads issuing on one group would break the identical
+    order every rank must see.
+    """
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise InputError(
+                "torch.distributed is not initialised; call "
+                "torch.distributed.init_process_group() before pace.runtime.wrap()",
+                where="backend",
+            )
+        self._dist = dist
+        # Collective: every rank calls wrap(), so every rank creates the group here.
+        group = dist.new_group(backend=dist.get_backend())
+        assert isinstance(group, dist.ProcessGroup)  # this rank is a member: never the sentinel
+        self._group = group
+        self.rank = int(dist.get_rank())
+        self.size = int(dist.get_world_size())
+        self._scale = 1.0 / self.size
+
+    def start(self, buf: torch.Tensor, name: str) -> Any:
+        work = self._dist.all_reduce(buf, group=self._group, async_op=True)
+        return (work, buf)
+
+    def wait(self, handle: Any, timeout_s: float) -> None:
+        work, buf = handle
+        try:
+            work.wait(timeout=timedelta(seconds=timeout_s))
+        except RuntimeError as exc:
+            if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+                raise CollectiveTimeoutError(str(exc).splitlines()[0]) from exc
+            raise
+        buf.mul_(self._scale)
+
+    def close(self) -> None:
+        # Best effort at shutdown: the default group may already be destroyed.
+        with contextlib.suppress(Exception):
+            self._dist.destroy_process_group(self._group)
+
+
+def make_backend(name: str) -> Backend:
+    if name == "horovod":
+        return HorovodBackend()
+    if name == "torch":
+        return TorchBackend()
+    raise InputError(f"unknown backend {name!r}; choose 'horovod' or 'torch'", where="backend")

@@ -1,0 +1,391 @@
+"""``wrap(optimizer, model, schedule=...)``: the one-line integration.
+
+The returned object is an instance of a subclass of the optimizer's own class (as Horovod's
+``DistributedOptimizer`` does), sharing ``param_groups``, ``state`` and ``defaults`` with the
+wrapped optimizer, so learning-rate schedulers and ``state_dict`` keep working.
+
+Per-parameter updates for *any* optimizer: a ``torch.optim`` optimizer updates each parameter
+from that parameter's gradient, its hyper-parameters and its own ``state[p]`` only. So when the
+gradients of a set S of parameters are reduced, the runtime runs the optimizer class's own
+``step`` on a *view* of the optimizer: a shallow instance whose ``__dict__`` is the optimizer's
+(same ``state`` mapping, same ``defaults``) but whose ``param_groups`` hold only S, each group
+carrying the hyper-parameters in force for that iteration. Same code path, same arithmetic, one
+parameter at a time: bitwise what one ``step()`` over all parameters computes. Optimizers that
+couple parameters (LBFGS: one closure, one flat state) are refused.
+
+Why not step the real optimizer with the other gradients hidden (set to ``None``)? The
+training thread is still running backward and writing those gradients while an update runs;
+hiding them would race. The view touches nothing but S.
+"""
+
+from __future__ import annotations
+
+import atexit
+import warnings
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import torch
+
+from pace.errors import InputError, RuntimeReplayError
+from pace.ir import Schedule, Trace
+from pace.runtime.backends import make_backend
+from pace.runtime.engine import Engine
+from pace.runtime.plan import (
+    ParamInfo,
+    ReplayPlan,
+    partition_params,
+    plan_from_schedule,
+    wfbp_plan,
+)
+
+BackendName = Literal["horovod", "torch"]
+
+# Attributes a learning-rate scheduler (or the user) may have patched onto the optimizer
+# instance; copying them would shadow the wrapper's own methods.
+_OWN_METHODS = ("step", "zero_grad", "synchronize", "state_dict", "load_state_dict", "close")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuntimeOptions:
+    """Knobs of the replay runtime.
+
+    ``credit_bytes``: bytes of collectives allowed in flight (one unit always may go).
+    ``partition_bytes``: online mode (no schedule) only, ByteScheduler's partition size.
+    ``timeout_s``: any wait on a collective or on an update longer than this is an error.
+    ``inject_delay_s``: testing only; sleep a random ``[0, inject_delay_s)`` in every gradient
+    hook, before every issue and before every completion (seeded by ``seed`` and the rank).
+    """
+
+    credit_bytes: int = 16 * 2**20
+    partition_bytes: int = 4 * 2**20
+    timeout_s: float = 300.0
+    inject_delay_s: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.credit_bytes, int) and self.credit_bytes > 0):
+            raise InputError(
+                f"must be an integer > 0, got {self.credit_bytes!r}", where="credit_bytes"
+            )
+        if not (isinstance(self.partition_bytes, int) and self.partition_bytes > 0):
+            raise InputError(
+                f"must be an integer > 0, got {self.partition_bytes!r}", where="partition_bytes"
+            )
+        if not self.timeout_s > 0:
+            raise InputError(f"must be > 0, got {self.timeout_s!r}", where="timeout_s")
+        if not self.inject_delay_s >= 0:
+            raise InputError(f"must be >= 0, got {self.inject_delay_s!r}", where="inject_delay_s")
+
+
+class PaceOptimizer(torch.optim.Optimizer):
+    """Methods of the wrapper; ``wrap`` mixes them into a subclass of the optimizer's class."""
+
+    _pace_engine: Engine
+    _pace_base: type[torch.optim.Optimizer]
+    _pace_params: list[torch.nn.Parameter]
+    _pace_group_of: list[int]
+    _pace_snapshots: dict[int, list[dict[str, Any]]]
+    _pace_handles: list[Any]
+    _pace_plan: ReplayPlan
+
+    # --- the usual contracts -----------------------------------------------------------------
+
+    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
+        """Close the iteration and return; updates finish in the background.
+
+        Every gradient of this iteration is final now (a parameter without a gradient gets a
+        zero one, as with Horovod). Each module's next forward waits for its own parameters'
+        updates; call ``synchronize()`` before reading parameters any other way.
+        """
+        if closure is not None:
+            raise InputError("step(closure) is not supported by the pace runtime", where="step")
+        for pre in list(self._optimizer_step_pre_hooks.values()):
+            pre(self, (), {})
+        self._pace_engine.close_iteration()
+        for post in list(self._optimizer_step_post_hooks.values()):
+            post(self, (), {})
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._pace_engine.zero_grad(set_to_none)
+        managed = {id(p) for p in self._pace_params}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if id(p) not in managed and p.grad is not None:
+                    _zero_one(p, set_to_none)
+
+    def synchronize(self) -> None:
+        """Wait for every outstanding collective and parameter update (or raise their error)."""
+        self._pace_engine.synchronize()
+
+    def state_dict(self) -> dict[str, Any]:
+        self.synchronize()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.synchronize()
+        super().load_state_dict(state_dict)
+
+    def close(self) -> None:
+        """Stop the runtime's threads and remove its hooks (also run at interpreter exit)."""
+        for h in self._pace_handles:
+            h.remove()
+        self._pace_handles.clear()
+        self._pace_engine.close()
+
+    @property
+    def pace_plan(self) -> ReplayPlan:
+        return self._pace_plan
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _pace_iteration_start(self, k: int) -> None:
+        # Hyper-parameters in force for iteration k, taken when its first gradient arrives
+        # (an LR scheduler steps after step(), i.e. before the next backward).
+        self._pace_snapshots[k] = [
+            {key: v for key, v in g.items() if key != "params"} for g in self.param_groups
+        ]
+        self._pace_snapshots.pop(k - 2, None)
+
+    def _pace_update(self, indices: tuple[int, ...], k: int) -> None:
+        snapshot = self._pace_snapshots[k]
+        by_group: dict[int, list[torch.nn.Parameter]] = {}
+        for i in indices:
+            by_group.setdefault(self._pace_group_of[i], []).append(self._pace_params[i])
+        view = object.__new__(self._pace_base)
+        view.__dict__.update(self.__dict__)
+        view.__dict__["param_groups"] = [
+            {**snapshot[g], "params": ps} for g, ps in sorted(by_group.items())
+        ]
+        # Step hooks run once per step() on the wrapper, not once per parameter.
+        view.__dict__["_optimizer_step_pre_hooks"] = OrderedDict()
+        view.__dict__["_optimizer_step_post_hooks"] = OrderedDict()
+        self._pace_base.step(view)
+
+
+def _zero_one(p: torch.Tensor, set_to_none: bool) -> None:
+    if p.grad is None:
+        return
+    if set_to_none:
+        p.grad = None
+    else:
+        if p.grad.grad_fn is not None:
+            p.grad.detach_()
+        else:
+            p.grad.requires_grad_(False)
+        p.grad.zero_()
+
+
+def _param_info(name: str, p: torch.nn.Parameter) -> ParamInfo:
+    return ParamInfo(
+        name=name,
+        numel=p.numel(),
+        element_size=p.element_size(),
+        dtype=str(p.dtype).removeprefix("torch."),
+    )
+
+
+def _managed_params(
+    optimizer: torch.optim.Optimizer, model: torch.nn.Module
+) -> tuple[list[str], list[torch.nn.Parameter], list[int]]:
+    """Trainable parameters of the optimizer, in the model's registration order, with names."""
+    group_of: dict[int, int] = {}
+    for g, group in enumerate(optimizer.param_groups):
+        for p in group["params"]:
+            if p.requires_grad and p.numel() > 0:
+                group_of[id(p)] = g
+    names, params, groups = [], [], []
+    for name, p in model.named_parameters():
+        if id(p) in group_of:
+            names.append(name)
+            params.append(p)
+            groups.append(group_of.pop(id(p)))
+    if group_of:
+        raise InputError(
+            f"{len(group_of)} parameter(s) of the optimizer are not parameters of the model",
+            where="wrap",
+        )
+    return names, params, groups
+
+
+def _load(
+    schedule: str | Path | Schedule, trace: str | Path | Trace | None
+) -> tuple[Schedule, str]:
+    from pace import io
+
+    if isinstance(schedule, Schedule):
+        if trace is not None:
+            from pace.verify import verify_schedule
+
+            tr = trace if isinstance(trace, Trace) else io.load_trace(trace)
+            verify_schedule(schedule, tr, where="schedule")
+        return schedule, "schedule"
+    tr_obj = trace if isinstance(trace, Trace) or trace is None else io.load_trace(trace)
+    return io.load_schedule(schedule, trace=tr_obj), str(schedule)
+
+
+def wrap(
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    schedule: str | Path | Schedule | None = None,
+    *,
+    backend: BackendName = "horovod",
+    trace: str | Path | Trace | None = None,
+    fallback: bool = False,
+    options: RuntimeOptions | None = None,
+    **knobs: Any,
+) -> torch.optim.Optimizer:
+    """Replay ``schedule`` for ``model``'s gradients; returns the optimizer to train with.
+
+    ``schedule``: a schedule file (``pace compile`` output), a ``Schedule``, or ``None`` for the
+    online mode (ByteScheduler's algorithm: priority by layer order, fixed partition size,
+    credit window). ``trace``: optionally the trace it was compiled from, to check its digest.
+    ``backend``: ``"horovod"`` (``hvd.init()`` is called if needed, with Horovod's fusion and
+    response cache off) or ``"torch"`` (an initialised ``torch.distributed``).
+    ``fallback``: on a schedule that cannot be replayed on this model, warn once and train with
+    plain data parallelism (``hvd.DistributedOptimizer``, or one all-reduce per gradient in
+    backward order for ``"torch"``) instead of raising ``InputError``/``ScheduleMismatchError``.
+    ``knobs``: fields of ``RuntimeOptions`` (``credit_bytes=``, ``timeout_s=``, ...).
+
+    Must be called on every rank with the same arguments (the torch backend creates a process
+    group here).
+    """
+    if options is None:
+        options = RuntimeOptions(**knobs)
+    elif knobs:
+        raise InputError(f"pass either options= or {sorted(knobs)}, not both", where="wrap")
+    if isinstance(optimizer, PaceOptimizer):
+        raise InputError("this optimizer is already wrapped", where="wrap")
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise InputError(
+            "LBFGS couples all parameters in one update and cannot be updated per parameter",
+            where="wrap",
+        )
+    if backend not in ("horovod", "torch"):
+        raise InputError(
+            f"unknown backend {backend!r}; choose 'horovod' or 'torch'", where="backend"
+        )
+    names, params, group_of = _managed_params(optimizer, model)
+    infos = [_param_info(n, p) for n, p in zip(names, params, strict=True)]
+
+    mode: Literal["replay", "online"] = "replay"
+    if schedule is None:
+        plan = partition_params(infos, options.partition_bytes)
+        mode = "online"
+    else:
+        try:
+            loaded, where = _load(schedule, trace)
+            plan = plan_from_schedule(loaded, infos, where=where)
+        except InputError as err:
+            if not fallback:
+                raise
+            warnings.warn(
+                f"pace: cannot replay the schedule ({err}); falling back to plain "
+                "data-parallel training",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            if backend == "horovod":
+                return cast(torch.optim.Optimizer, _horovod_fallback(optimizer, model))
+            plan = wfbp_plan(infos)
+
+    be = make_backend(backend)
+    base = type(optimizer)
+    cls = cast(
+        "type[PaceOptimizer]",
+        type(base.__name__, (PaceOptimizer, base), {"__module__": base.__module__}),
+    )
+    wrapped = object.__new__(cls)
+    state = {k: v for k, v in optimizer.__dict__.items() if k not in _OWN_METHODS}
+    wrapped.__dict__.update(state)
+    wrapped._pace_base = base
+    wrapped._pace_params = params
+    wrapped._pace_group_of = group_of
+    wrapped._pace_snapshots = {}
+    wrapped._pace_plan = plan
+    ref = weakref.ref(wrapped)
+
+    def iteration_start(k: int) -> None:
+        w = ref()
+        if w is not None:
+            w._pace_iteration_start(k)
+
+    def update(indices: tuple[int, ...], k: int) -> None:
+        w = ref()
+        if w is None:
+            raise RuntimeReplayError("the wrapped optimizer was garbage-collected mid-training")
+        w._pace_update(indices, k)
+
+    engine = Engine(
+        params=params,
+        infos=infos,
+        plan=plan,
+        backend=be,
+        mode=mode,
+        updater=update,
+        on_iteration_start=iteration_start,
+        credit_bytes=options.credit_bytes,
+        timeout_s=options.timeout_s,
+        inject_delay_s=options.inject_delay_s,
+        seed=options.seed,
+    )
+    wrapped._pace_engine = engine
+    wrapped._pace_handles = _install_hooks(engine, model, params)
+    # Threads must stop even if the user never calls close(): at collection or at exit.
+    finalizer = weakref.finalize(wrapped, engine.close)
+    atexit.register(finalizer)
+    return wrapped
+
+
+def _install_hooks(
+    engine: Engine, model: torch.nn.Module, params: list[torch.nn.Parameter]
+) -> list[Any]:
+    index = {id(p): i for i, p in enumerate(params)}
+    handles: list[Any] = []
+    for i, p in enumerate(params):
+
+        def on_grad(_: torch.Tensor, i: int = i) -> None:
+            engine.mark_ready(i)
+
+        handles.append(p.register_post_accumulate_grad_hook(on_grad))  # type: ignore[no-untyped-call]
+    for mod_name, module in model.named_modules():
+        own = [index[id(p)] for p in module.parameters(recurse=False) if id(p) in index]
+        if not own:
+            continue
+        what = f"forward of {mod_name or type(module).__name__!r}"
+
+        def pre_forward(
+            _m: torch.nn.Module, _args: Any, own: list[int] = own, what: str = what
+        ) -> None:
+            engine.wait_updated(own, what)
+
+        handles.append(module.register_forward_pre_hook(pre_forward))
+
+    def before_state_dict(*_: Any) -> None:
+        if not engine.iteration_open():
+            engine.wait_updated(range(len(params)), "model.state_dict()")
+
+    handles.append(model.register_state_dict_pre_hook(before_state_dict))  # type: ignore[no-untyped-call]
+    return handles
+
+
+def _horovod_fallback(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Any:
+    import horovod.torch as hvd
+
+    if not hvd.is_initialized():
+        hvd.init()
+    dist_opt = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    # Same surface as the replay wrapper.
+    dist_opt.close = lambda: None
+    return dist_opt
+
+
+def wrapped_params(optimizer: torch.optim.Optimizer) -> Iterable[torch.nn.Parameter]:
+    """The parameters the runtime reduces and updates (for tests and tools)."""
+    if isinstance(optimizer, PaceOptimizer):
+        return list(optimizer._pace_params)
+    return [p for g in optimizer.param_groups for p in g["params"]]
