@@ -272,6 +272,9 @@ class _Reader:
 
     def names(self, v: Any, field: str) -> tuple[str, ...]:
         items = self.list_(v, field)
+        # Fast path (the common, valid case); the slow path finds the bad element's index.
+        if all(type(x) is str and x for x in items):
+            return tuple(items)
         return tuple(self.str_(x, f"{field}[{i}]") for i, x in enumerate(items))
 
     def items(
