@@ -98,6 +98,10 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "schedule_negative_predicted.json": ("predicted_iteration_us", r">= 0, got -39"),
     "schedule_nan_priority.json": ("units[1].priority", r"NaN, Infinity"),
     "schedule_missing_cost_model.json": ("cost_model", r"missing required key"),
+    "schedule_wrong_prediction.json": (
+        "predicted_iteration_us",
+        r"file says 44 us, but replaying this schedule on the trace gives 39 us",
+    ),
 }
 
 

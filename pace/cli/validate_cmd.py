@@ -2,12 +2,14 @@
 
 The kind of file is taken from its ``format`` key. A schedule is checked on its own (types,
 ranges) and, with ``--trace``, against the trace it claims to belong to (digest, every tensor
-covered exactly once). Any problem: one line on stderr naming file and field, exit 2.
+covered exactly once, and ``predicted_iteration_us`` equal to the simulator's replay of the
+file). Any problem: one line on stderr naming file and field, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from pace.cli._output import print_json
@@ -21,6 +23,7 @@ from pace.io import (
     trace_digest,
     trace_from_dict,
 )
+from pace.ir import Schedule, Trace
 from pace.verify import verify_schedule, verify_trace
 
 
@@ -34,10 +37,35 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--trace",
         metavar="TRACE",
-        help="for a schedule: the trace it was compiled for (checks digest and coverage)",
+        help="for a schedule: the trace it was compiled for (checks digest, coverage, prediction)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=run)
+
+
+# Replay and file may sum the same floats in another order; anything beyond that is a mismatch.
+_PREDICTION_RTOL = 1e-6
+
+
+def _check_prediction(schedule: Schedule, trace: Trace, where: str) -> None:
+    """``predicted_iteration_us`` must be the replay of exactly this file (DESIGN.md).
+
+    The replay uses the schedule's own ``cost_model``: a what-if compile legitimately differs
+    from the trace's measured one.
+    """
+    from pace.sim import schedule_policy, simulate
+
+    replay = simulate(
+        dataclasses.replace(trace, comm=schedule.cost_model), schedule_policy(schedule)
+    )
+    predicted = schedule.predicted_iteration_us
+    if abs(replay.iteration_us - predicted) > _PREDICTION_RTOL * max(1.0, abs(replay.iteration_us)):
+        raise InputError(
+            f"file says {predicted:g} us, but replaying this schedule on the trace gives "
+            f"{replay.iteration_us:g} us",
+            where=where,
+            field="predicted_iteration_us",
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         if checked:
             trace = load_trace(args.trace)
             verify_schedule(schedule, trace, where=where)
+            _check_prediction(schedule, trace, where)
         summary = {
             "file": where,
             "kind": "schedule",
