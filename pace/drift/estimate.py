@@ -367,32 +367,21 @@ def _fit_comm(
         size, dur = points[0]
         beta = max(dur - comm.alpha_us, 0.0) / size
         return comm.alpha_us, beta, points
-    alpha, beta = fit_alpha_beta(points)
+    alpha, beta = fit_alpha_beta(points, workers=comm.workers)
     return alpha, beta, points
 
 
-def fit_alpha_beta(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares ``us = alpha + beta * bytes`` with both coefficients kept >= 0.
+def fit_alpha_beta(points: Sequence[tuple[int, float]], *, workers: int) -> tuple[float, float]:
+    """``us = alpha + beta * bytes`` through ``pace.cost.fit_linear`` (the profiler's fit).
 
-    Uses ``pace.cost.fit_linear`` (the same fit the profiler uses) and clamps: a negative
-    intercept from noisy small calls means "alpha below resolution", so the line is refitted
-    through the origin; a negative slope cannot be a bandwidth and is replaced by the mean
-    per-byte cost.
+    That fit weighs relative residuals and keeps both coefficients >= 0, which is what a
+    re-estimate needs: small units must not be drowned by large ones, and a negative latency
+    from noisy small calls cannot be scheduled with.
     """
-    import numpy as np
+    from pace.cost import fit_linear
 
-    x = np.array([float(b) for b, _ in points])
-    y = np.array([float(d) for _, d in points])
-    beta_fit, alpha_fit = np.polyfit(x, y, 1)
-    alpha, beta = float(alpha_fit), float(beta_fit)
-    if alpha < 0:
-        total_b2 = sum(float(b) * b for b, _ in points)
-        beta = sum(float(b) * d for b, d in points) / total_b2
-        alpha = 0.0
-    if beta < 0:
-        beta = statistics.mean(d / b for b, d in points)
-        alpha = 0.0
-    return alpha, beta
+    model, _quality = fit_linear(list(points), workers=workers, algorithm="ring")
+    return model.alpha_us, model.beta_us_per_byte
 
 
 def apply_estimate(trace: Trace, est: Estimate) -> Trace:

@@ -61,7 +61,8 @@ def compile_schedule(trace: Trace) -> Schedule:
     """Default compile: the full pipeline of ``pace.compiler`` on the re-estimated trace."""
     from pace.compiler import compile_trace
 
-    return compile_trace(trace).schedule
+    # Baselines are for reports; a re-plan needs only the schedule (and is then faster).
+    return compile_trace(trace, baselines=False).schedule
 
 
 def predict_schedule(trace: Trace, schedule: Schedule) -> float:
