@@ -256,6 +256,24 @@ def resolve_policy(policy: Policy | Schedule | str) -> Policy:
     raise TypeError(f"not a policy: {policy!r}")
 
 
+# The last few compiled unit lists, keyed by identity: an oracle replaying the same units under
+# several options (a credit grid, barrier on/off) indexes them once. Entries keep their keys
+# alive so an id is never reused while cached.
+_COMPILED_CACHE_SIZE = 4
+_compiled_cache: list[tuple[Prepared, tuple[Unit, ...], bool, engine.CompiledUnits]] = []
+
+
+def _compiled(prep: Prepared, units: tuple[Unit, ...], in_order: bool) -> engine.CompiledUnits:
+    for p, u, o, cu in _compiled_cache:
+        if p is prep and u is units and o == in_order:
+            return cu
+    cu = engine.compile_units(prep, units, in_order=in_order)
+    _compiled_cache.append((prep, units, in_order, cu))
+    if len(_compiled_cache) > _COMPILED_CACHE_SIZE:
+        del _compiled_cache[0]
+    return cu
+
+
 def simulate(
     trace: Trace,
     policy: Policy | Schedule | str,
@@ -297,7 +315,7 @@ def _simulate(
         cu = None
     else:
         assert plan.units is not None
-        cu = engine.compile_units(prep, plan.units, in_order=plan.in_order)
+        cu = _compiled(prep, plan.units, plan.in_order)
         ch = engine.StaticChannel(cu, credit)
 
     cache: dict[str, Any] = {}
@@ -309,8 +327,11 @@ def _simulate(
         comm_end = max(ufinish, default=0.0)
         iteration = max(max(joint.op_finish_us, default=0.0), comm_end)
     else:
-        if cu is not None and credit == 1:
-            ustart, ufinish = engine.serial_static_replay(cu)
+        if cu is not None:
+            if credit == 1:
+                ustart, ufinish = engine.serial_static_replay(cu)
+            else:
+                ustart, ufinish = engine.shared_static_replay(cu, credit)
             units = cu.units
             done = [max(ufinish[u] for u in owners) for owners in cu.units_of_tensor]
         else:
