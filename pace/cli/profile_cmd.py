@@ -162,7 +162,8 @@ def _command(args: argparse.Namespace) -> str:
 def run_profile(args: argparse.Namespace) -> int:
     for name in ("iters", "batch_size", "threads"):
         if getattr(args, name) < 1:
-            raise InputError(f"must be >= 1, got {getattr(args, name)}", where="--" + name)
+            flag = "--" + name.replace("_", "-")
+            raise InputError(f"must be >= 1, got {getattr(args, name)}", where=flag)
     if args.warmup < 0:
         raise InputError(f"must be >= 0, got {args.warmup}", where="--warmup")
     comm, comm_source = _comm_model(args)
@@ -237,7 +238,11 @@ def run_profile(args: argparse.Namespace) -> int:
         print_table(
             f"pace profile {trace.model} -> {args.output}",
             ["quantity", "value"],
-            [[k, v] for k, v in summary.items() if k not in ("output", "model")],
+            [
+                [k, f"{v:.3e}" if k == "beta_us_per_byte" else v]
+                for k, v in summary.items()
+                if k not in ("output", "model")
+            ],
         )
     return 0
 
