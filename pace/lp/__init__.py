@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from pace.errors import InputError
-from pace.ir import FusionPlan, Schedule, Trace
+from pace.ir import FusionPlan, Schedule, Trace, Unit
 from pace.lp.exact import ExactSolution, solve_exact
 from pace.lp.extract import (
     Candidate,
@@ -112,9 +112,10 @@ def _lp_plan(
         "max_fractionality": sol.max_fractionality,
         "solves": sol.solves,
         "variables": sol.variables,
+        "slot_variables": sol.slot_variables,
         "solve_seconds": sol.solve_seconds,
     }
-    return lp_pieces(inst, sol, red.tail_us.tolist()), info
+    return lp_pieces(inst, sol), info
 
 
 def best_units(
@@ -213,19 +214,20 @@ def schedule(
         max_slots=max_slots,
         overhead_aware=overhead_aware,
     )
+    red = reduction(trace, plan)
     ranked = sorted(cands, key=lambda c: c.replay_us)
-    verified: list[tuple[float, int, Candidate]] = []
-    seen: set[int] = set()
+    verified: list[tuple[float, int, Candidate, tuple[Unit, ...]]] = []
+    seen: set[tuple[Unit, ...]] = set()
     for pos, cand in enumerate(ranked):
         if len(verified) >= _SIM_VERIFY:
             break
-        key = hash(cand.units)
-        if key in seen:
+        units = units_from_pieces(red, cand.pieces)
+        if units in seen:
             continue
-        seen.add(key)
-        sim_us = simulate(trace, units_policy(cand.units, name=cand.name)).iteration_us
-        verified.append((sim_us, pos, cand))
-    predicted, _, chosen = min(verified, key=lambda v: (v[0], v[1]))
+        seen.add(units)
+        sim_us = simulate(trace, units_policy(units, name=cand.name)).iteration_us
+        verified.append((sim_us, pos, cand, units))
+    predicted, _, chosen, units = min(verified, key=lambda v: (v[0], v[1]))
     info.update(
         {
             "chosen": chosen.name,
@@ -237,7 +239,7 @@ def schedule(
     return Schedule(
         trace_digest=trace_digest(trace),
         cost_model=trace.comm,
-        units=chosen.units,
+        units=units,
         predicted_iteration_us=predicted,
         meta=info,
     )

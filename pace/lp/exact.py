@@ -13,8 +13,9 @@ schedule a heuristic, no longer optimal for the cost model with per-call latency
   call, ``alpha``), so planned piece times match what the replay will do;
 * ``min_remaining_us``: preempt only if the running job still has more than this left — a job
   about to finish is cheaper to finish than to split;
-* a running piece is never preempted before it has run ``preempt_cost_us`` (it would carry no
-  bytes).
+* ``min_piece_us``: a running piece is not preempted before it has run this long (with a
+  per-call latency ``alpha`` a piece shorter than ``alpha + beta`` carries no byte); a more urgent
+  job then waits until the piece reaches that length.
 
 The fusion search calls this thousands of times, so it is plain Python over lists (faster than
 numpy at these sizes) and returns compact tuples.
@@ -55,6 +56,7 @@ def solve_exact(
     compute_makespan_us: float = 0.0,
     preempt_cost_us: float = 0.0,
     min_remaining_us: float = 0.0,
+    min_piece_us: float = 0.0,
 ) -> ExactSolution:
     """Optimal preemptive schedule of one channel (largest tail first).
 
@@ -96,10 +98,16 @@ def solve_exact(
             cur = pop(heap)[1]
             cur_start = t
         end = t + remaining[cur]
-        if k < n and r[order[k]] < end:
-            nt = r[order[k]]
-            remaining[cur] -= nt - t
-            t = nt
+        ev = r[order[k]] if k < n else math.inf
+        if heap and -heap[0][0] > q[cur]:
+            # A more urgent job waits only because the running piece is still too short to
+            # carry a byte: revisit the decision when it is long enough.
+            pt = cur_start + min_piece_us
+            if t < pt < ev:
+                ev = pt
+        if ev < end:
+            remaining[cur] -= ev - t
+            t = ev
             while k < n and r[order[k]] <= t:
                 j = order[k]
                 push(heap, (-q[j], j))
@@ -107,7 +115,7 @@ def solve_exact(
             if (
                 -heap[0][0] > q[cur]
                 and remaining[cur] > min_remaining_us
-                and t - cur_start > preempt_cost_us
+                and t - cur_start >= min_piece_us
             ):
                 pieces.append((cur, cur_start, t))
                 remaining[cur] += preempt_cost_us

@@ -43,11 +43,15 @@ PlanPiece = tuple[int, float, float]
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class Candidate:
-    """One way to issue the jobs: its plan, the units it compiles to, and their replayed time."""
+    """One way to issue the jobs: its plan and its replayed time at job level.
+
+    ``replay_us`` replays the plan's pieces (one call per piece, whole jobs): exact for
+    single-tensor jobs, and an upper bound for fused groups, whose members may finish early.
+    ``units_from_pieces(red, cand.pieces)`` gives the units (built only for the finalists).
+    """
 
     name: str
     pieces: tuple[PlanPiece, ...]
-    units: tuple[Unit, ...]
     replay_us: float
 
 
@@ -63,8 +67,9 @@ def _byte_bounds(size: int, weights: Sequence[float]) -> list[int]:
     for w in weights[:-1]:
         acc += w
         exact = size * acc / total
-        # Round up, but not past a value that is an integer up to float noise.
-        b = math.ceil(exact - 1e-9 * max(1.0, exact))
+        # Round up. The tolerance is absolute and tiny on purpose: a relative one would round
+        # 1836787.0009 down and end the piece a hair before the release it must end at.
+        b = math.ceil(exact - 1e-9)
         b = min(max(b, prev), size)
         bounds.append(b)
         prev = b
@@ -200,6 +205,9 @@ def exact_pieces(
         compute_makespan_us=red.compute_makespan_us,
         preempt_cost_us=alpha,
         min_remaining_us=min_remaining_us,
+        # With a latency, a piece must run alpha plus one byte to carry anything; without one,
+        # keep Horn's rule exactly (it is optimal then).
+        min_piece_us=alpha + comm.beta_us_per_byte if alpha > 0 else 0.0,
     )
     return tuple((j, s, max(e - s - alpha, 0.0)) for j, s, e in sol.pieces)
 
@@ -207,9 +215,56 @@ def exact_pieces(
 def _candidate(
     red: Reduction, comm: CommModel, name: str, pieces: Sequence[PlanPiece]
 ) -> Candidate:
-    units = units_from_pieces(red, pieces)
-    return Candidate(
-        name=name, pieces=tuple(pieces), units=units, replay_us=replay_us(red, comm, units)
+    pieces = tuple(pieces)
+    return Candidate(name=name, pieces=pieces, replay_us=replay_pieces_us(red, comm, pieces))
+
+
+def replay_pieces_us(red: Reduction, comm: CommModel, pieces: Sequence[PlanPiece]) -> float:
+    """``replay_us`` at job level: each piece is one call of its rounded byte count, ready at
+    its job's release; a job completes with its last piece (Theorem 1 with the job's tail)."""
+    n_j = red.n_jobs
+    weights: list[list[float]] = [[] for _ in range(n_j)]
+    where: list[list[int]] = [[] for _ in range(n_j)]
+    for i, (j, _, w) in enumerate(pieces):
+        weights[j].append(w)
+        where[j].append(i)
+    n = len(pieces)
+    nbytes = [0] * n
+    release = red.release_us.tolist()
+    size = red.size_bytes.tolist()
+    for j in range(n_j):
+        if not where[j]:
+            return math.inf  # an incomplete plan; units_from_pieces would patch it
+        prev = 0
+        for i, b in zip(where[j], _byte_bounds(size[j], weights[j]), strict=True):
+            nbytes[i] = b - prev
+            prev = b
+    alpha, beta = comm.alpha_us, comm.beta_us_per_byte
+    by_ready = sorted(range(n), key=lambda i: release[pieces[i][0]])
+    rank = sorted(range(n), key=lambda i: pieces[i][1])
+    prio = [0] * n
+    for pos, i in enumerate(rank):
+        prio[i] = pos
+    heap: list[tuple[int, int]] = []
+    done = [0.0] * n_j
+    t = 0.0
+    k = 0
+    for _ in range(n):
+        if not heap:
+            t = max(t, release[pieces[by_ready[k]][0]])
+        while k < n and release[pieces[by_ready[k]][0]] <= t:
+            i = by_ready[k]
+            heapq.heappush(heap, (prio[i], i))
+            k += 1
+        i = heapq.heappop(heap)[1]
+        if nbytes[i] == 0:
+            continue  # dropped by units_from_pieces too
+        t += alpha + beta * nbytes[i]
+        j = pieces[i][0]
+        done[j] = max(done[j], t)
+    tail = red.tail_us.tolist()
+    return max(
+        red.compute_makespan_us, max((d + q for d, q in zip(done, tail, strict=True)), default=0.0)
     )
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -131,23 +130,26 @@ def slot_instance(red: Reduction, *, slot_us: float) -> SlotInstance:
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class LpSolution:
-    """The LP's optimum ``makespan_slots`` and the slot assignment achieving it.
+    """The LP's optimum ``makespan_slots`` and a slot assignment achieving it.
 
-    ``assignment`` lists ``(job, slot, value)`` with value > 0. The optimum is always proved:
-    ``history`` holds the horizons tried and whether each was feasible, and
-    ``makespan_slots - 1`` is infeasible there or below the lower bound.
-    ``max_fractionality`` is the largest distance of any ``x`` from 0 or 1 (0 for a vertex
-    solution, as total unimodularity promises).
+    ``assignment`` lists ``(job, first_slot, n_slots)``: ``x_job(t) = 1`` for
+    ``first_slot <= t < first_slot + n_slots`` (floats only if the solver returned a non-vertex
+    point). The optimum is always proved: ``history`` holds the horizons tried and whether each
+    was feasible; ``makespan_slots - 1`` is infeasible there or below the lower bound.
+    ``max_fractionality`` is the largest distance of an LP variable from an integer (0 for a
+    vertex solution, as total unimodularity promises). ``variables`` counts the aggregated LP's
+    columns, ``slot_variables`` the paper's ``x_i(t)`` they stand for.
     """
 
     makespan_slots: int
     slot_us: float
-    assignment: tuple[tuple[int, int, float], ...]
+    assignment: tuple[tuple[int, float, float], ...]
     integral: bool
     max_fractionality: float
     backend: str
     solves: int
     variables: int
+    slot_variables: int
     solve_seconds: float
     history: tuple[tuple[int, bool], ...] = field(default=())
 
@@ -158,57 +160,94 @@ class LpSolution:
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class _Built:
-    job: IntArray
-    slot: IntArray
+    """The aggregated deadline LP: columns (window class g, interval k)."""
+
+    col_group: IntArray
+    col_interval: IntArray
     cost: npt.NDArray[np.float64]
-    n_slots: int
+    demand: npt.NDArray[np.float64]  # per window class: sum of its jobs' p_i
+    capacity: npt.NDArray[np.float64]  # per interval: its length in slots
+    bounds: IntArray  # interval k is [bounds[k], bounds[k+1])
+    members: tuple[tuple[int, ...], ...]  # jobs of each window class, by (release, index)
+    group_rank: IntArray  # 0 = most urgent window class
+    slot_variables: int
 
 
 def _build(inst: SlotInstance, deadline: int) -> _Built | None:
-    """Variables of the deadline-``deadline`` LP, or ``None`` if a window is too short."""
+    """The deadline-``deadline`` LP, or ``None`` if a job cannot fit its own window.
+
+    Two exact aggregations keep the paper's slotted LP small: jobs with the same window
+    ``[r_i, D - q_i)`` form one *window class* (any split of the class's slots among its jobs
+    is feasible), and runs of slots between consecutive window ends form one *interval* with
+    capacity = its length (all slots of an interval are interchangeable for every class). The
+    result is still a bipartite transportation matrix (totally unimodular); an integral solution
+    expands to integral ``x_i(t)`` by laying each interval's amounts out slot by slot, and every
+    integral ``x_i(t)`` aggregates to a feasible solution, so the optimum horizon is the same.
+    """
     n = inst.n_jobs
     lo = inst.release
     hi = deadline - inst.tail
-    length = hi - lo
-    if n and (length < inst.duration).any():
+    if n and ((hi - lo) < inst.duration).any():
         return None
-    # Weights strictly decreasing in (deadline, release, index) order: the exchange argument in
-    # the module docstring needs them distinct.
-    rank = np.lexsort((np.arange(n), lo, hi))
-    weight = np.empty(n, dtype=np.float64)
-    weight[rank] = 2.0 - np.arange(n, dtype=np.float64) / max(n, 1)
-    counts = np.maximum(length, 0)
-    job = np.repeat(np.arange(n, dtype=np.int64), counts)
-    starts = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
-    slot = np.arange(job.size, dtype=np.int64) + starts
-    cost = (slot.astype(np.float64) + 1.0) * weight[job]
-    return _Built(job=job, slot=slot, cost=cost, n_slots=int(deadline))
+    keys, inverse = np.unique(np.stack([hi, lo], axis=1), axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    n_g = keys.shape[0]
+    g_hi = keys[:, 0]
+    g_lo = keys[:, 1]
+    dur = inst.duration.astype(np.float64)
+    demand = np.bincount(inverse, weights=dur, minlength=n_g).astype(np.float64)
+    members_l: list[list[int]] = [[] for _ in range(n_g)]
+    for j in np.lexsort((np.arange(n), lo)).tolist():
+        members_l[int(inverse[j])].append(j)
+    bounds = np.unique(np.concatenate([g_lo, g_hi]))
+    first = np.searchsorted(bounds, g_lo)
+    last = np.searchsorted(bounds, g_hi)  # intervals first..last-1
+    counts = last - first
+    col_group = np.repeat(np.arange(n_g, dtype=np.int64), counts)
+    offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    col_interval = np.arange(col_group.size, dtype=np.int64) - np.repeat(offsets - first, counts)
+    # Window classes by deadline (earliest first), then release: rank 0 is the most urgent.
+    order = np.lexsort((g_lo, g_hi))
+    rank = np.empty(n_g, dtype=np.int64)
+    rank[order] = np.arange(n_g)
+    weight = 2.0 - rank.astype(np.float64) / max(n_g, 1)
+    # Cost of a unit of work in interval k: its start slot + 1 (moving work earlier pays), with
+    # weights strictly decreasing in urgency (urgent work goes first: an exchange argument makes
+    # the optimum the slotted largest-tail-first schedule).
+    cost = (bounds[col_interval].astype(np.float64) + 1.0) * weight[col_group]
+    return _Built(
+        col_group=col_group,
+        col_interval=col_interval,
+        cost=cost,
+        demand=demand,
+        capacity=np.diff(bounds).astype(np.float64),
+        bounds=bounds.astype(np.int64),
+        members=tuple(tuple(m) for m in members_l),
+        group_rank=rank,
+        slot_variables=int(np.maximum(hi - lo, 0).sum()),
+    )
 
 
-def _solve_scipy(
-    inst: SlotInstance, b: _Built, time_limit_s: float
-) -> npt.NDArray[np.float64] | None:
+def _solve_scipy(b: _Built, time_limit_s: float) -> npt.NDArray[np.float64] | None:
     try:
         from scipy.optimize import linprog
         from scipy.sparse import csr_array
-    except ImportError as exc:  # pragma: no cover - scipy is a core dependency
+    except ImportError as exc:
         raise SolverMissingError("scipy is not installed") from exc
-    nv = b.job.size
+    nv = b.col_group.size
     cols = np.arange(nv)
     ones = np.ones(nv)
-    a_eq = csr_array((ones, (b.job, cols)), shape=(inst.n_jobs, nv))
-    # Only slots that some variable uses get a row (6).
-    used, slot_row = np.unique(b.slot, return_inverse=True)
-    a_ub = csr_array((ones, (slot_row, cols)), shape=(used.size, nv))
+    a_eq = csr_array((ones, (b.col_group, cols)), shape=(b.demand.size, nv))
+    a_ub = csr_array((ones, (b.col_interval, cols)), shape=(b.capacity.size, nv))
     res = linprog(
         b.cost,
         A_ub=a_ub,
-        b_ub=np.ones(used.size),
+        b_ub=b.capacity,
         A_eq=a_eq,
-        b_eq=inst.duration.astype(np.float64),
-        bounds=(0.0, 1.0),
+        b_eq=b.demand,
+        bounds=(0.0, None),
         method="highs",
-        options={"time_limit": max(time_limit_s, 1e-3), "presolve": True},
+        options={"time_limit": max(time_limit_s, 1e-3)},
     )
     if res.status == 0:
         return np.asarray(res.x, dtype=np.float64)
@@ -236,41 +275,37 @@ def _pulp_solver(backend: str, time_limit_s: float) -> Any:
     return solver
 
 
-def _solve_pulp(
-    inst: SlotInstance, b: _Built, backend: str, time_limit_s: float
-) -> npt.NDArray[np.float64] | None:
+def _solve_pulp(b: _Built, backend: str, time_limit_s: float) -> npt.NDArray[np.float64] | None:
+    solver = _pulp_solver(backend, time_limit_s)
     import pulp
 
-    solver = _pulp_solver(backend, time_limit_s)
     prob = pulp.LpProblem("pace_deadline_lp", pulp.LpMinimize)
     xs = [
-        pulp.LpVariable(f"x_{j}_{t}", 0, 1)
-        for j, t in zip(b.job.tolist(), b.slot.tolist(), strict=True)
+        pulp.LpVariable(f"x_{g}_{k}", 0)
+        for g, k in zip(b.col_group.tolist(), b.col_interval.tolist(), strict=True)
     ]
     prob += pulp.LpAffineExpression(zip(xs, b.cost.tolist(), strict=True))
-    by_job: list[list[Any]] = [[] for _ in range(inst.n_jobs)]
-    by_slot: dict[int, list[Any]] = {}
-    for v, (j, t) in enumerate(zip(b.job.tolist(), b.slot.tolist(), strict=True)):
-        by_job[j].append(xs[v])
-        by_slot.setdefault(t, []).append(xs[v])
-    for j, vs in enumerate(by_job):  # (3)
-        prob += pulp.LpAffineExpression([(x, 1.0) for x in vs]) == int(inst.duration[j])
-    for vs in by_slot.values():  # (6)
-        if len(vs) > 1:
-            prob += pulp.LpAffineExpression([(x, 1.0) for x in vs]) <= 1
+    by_group: list[list[Any]] = [[] for _ in range(b.demand.size)]
+    by_interval: list[list[Any]] = [[] for _ in range(b.capacity.size)]
+    for v, (g, k) in enumerate(zip(b.col_group.tolist(), b.col_interval.tolist(), strict=True)):
+        by_group[g].append(xs[v])
+        by_interval[k].append(xs[v])
+    for g, vs in enumerate(by_group):  # (3), per window class
+        prob += pulp.LpAffineExpression([(x, 1.0) for x in vs]) == float(b.demand[g])
+    for k, vs in enumerate(by_interval):  # (6), per interval of identical slots
+        if vs:
+            prob += pulp.LpAffineExpression([(x, 1.0) for x in vs]) <= float(b.capacity[k])
     prob.solve(solver)
     if backend == "highs":
         import highspy
 
         status = prob.solverModel.getModelStatus()
         hs = highspy.HighsModelStatus
-        if status == hs.kOptimal:
-            pass
-        elif status in (hs.kInfeasible, hs.kUnboundedOrInfeasible):
+        if status in (hs.kInfeasible, hs.kUnboundedOrInfeasible):
             return None
-        elif status in (hs.kTimeLimit, hs.kIterationLimit, hs.kInterrupt):
+        if status in (hs.kTimeLimit, hs.kIterationLimit, hs.kInterrupt):
             raise SolverTimeoutError(f"HiGHS hit its time limit ({time_limit_s:.3g} s)")
-        else:
+        if status != hs.kOptimal:
             raise InfeasibleError(f"HiGHS failed: {prob.solverModel.modelStatusToString(status)}")
     else:
         if prob.status == pulp.LpStatusInfeasible:
@@ -285,17 +320,51 @@ def _solve_pulp(
     return np.array([x.varValue or 0.0 for x in xs], dtype=np.float64)
 
 
-def solve_deadline(
-    inst: SlotInstance,
-    deadline_slots: int,
-    *,
-    backend: str = "highs",
-    time_limit_s: float = 60.0,
-) -> tuple[tuple[int, int, float], ...]:
-    """The assignment of the deadline LP at ``deadline_slots``; ``InfeasibleError`` if none.
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class _Solved:
+    assignment: tuple[tuple[int, float, float], ...]
+    max_fractionality: float
+    variables: int
+    slot_variables: int
 
-    Also ``SolverTimeoutError`` (time limit) and ``SolverMissingError`` (backend not installed).
-    """
+
+def _expand(inst: SlotInstance, b: _Built, x: npt.NDArray[np.float64]) -> _Solved:
+    """Lay the aggregated amounts out slot by slot: urgent classes first inside an interval,
+    a class's slots to its jobs in release order (each job's run stays contiguous)."""
+    frac = float(np.abs(x - np.round(x)).max(initial=0.0))
+    need = inst.duration.astype(np.float64)
+    cursor = [0] * len(b.members)  # next member of each class still needing slots
+    by_interval: dict[int, list[tuple[int, float]]] = {}
+    for g, k, v in zip(b.col_group.tolist(), b.col_interval.tolist(), x.tolist(), strict=True):
+        if v > _INTEGRALITY_TOL:
+            by_interval.setdefault(k, []).append((g, v))
+    out: list[tuple[int, float, float]] = []
+    for k in sorted(by_interval):
+        t = float(b.bounds[k])
+        for g, v in sorted(by_interval[k], key=lambda gv: int(b.group_rank[gv[0]])):
+            left = v
+            mem = b.members[g]
+            while left > _INTEGRALITY_TOL and cursor[g] < len(mem):
+                j = mem[cursor[g]]
+                take = min(left, float(need[j]))
+                if take > _INTEGRALITY_TOL:
+                    out.append((j, t, take))
+                t += take
+                left -= take
+                need[j] -= take
+                if need[j] <= _INTEGRALITY_TOL:
+                    cursor[g] += 1
+    return _Solved(
+        assignment=tuple(out),
+        max_fractionality=frac,
+        variables=int(b.col_group.size),
+        slot_variables=b.slot_variables,
+    )
+
+
+def _solve_at(
+    inst: SlotInstance, deadline_slots: int, backend: str, time_limit_s: float
+) -> _Solved:
     if backend not in BACKENDS:
         raise ValueError(f"lp backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if deadline_slots < inst.compute:
@@ -306,20 +375,27 @@ def solve_deadline(
     if built is None:
         raise InfeasibleError(f"horizon {deadline_slots} slots: some job cannot fit its window")
     if backend == "scipy":
-        x = _solve_scipy(inst, built, time_limit_s)
+        x = _solve_scipy(built, time_limit_s)
     else:
-        x = _solve_pulp(inst, built, backend, time_limit_s)
+        x = _solve_pulp(built, backend, time_limit_s)
     if x is None:
         raise InfeasibleError(f"no schedule fits a horizon of {deadline_slots} slots")
-    keep = x > _INTEGRALITY_TOL
-    return tuple(
-        zip(
-            built.job[keep].tolist(),
-            built.slot[keep].tolist(),
-            x[keep].tolist(),
-            strict=True,
-        )
-    )
+    return _expand(inst, built, x)
+
+
+def solve_deadline(
+    inst: SlotInstance,
+    deadline_slots: int,
+    *,
+    backend: str = "highs",
+    time_limit_s: float = 60.0,
+) -> tuple[tuple[int, float, float], ...]:
+    """An assignment ``(job, first_slot, n_slots)`` meeting horizon ``deadline_slots``.
+
+    Raises ``InfeasibleError`` if there is none, ``SolverTimeoutError`` on the time limit and
+    ``SolverMissingError`` if the backend is not installed.
+    """
+    return _solve_at(inst, deadline_slots, backend, time_limit_s).assignment
 
 
 def solve_lp(
@@ -331,24 +407,22 @@ def solve_lp(
 ) -> LpSolution:
     """Smallest feasible horizon of the deadline LP, with its assignment.
 
-    Without a hint: lower bound first, then bisection up to the trivial upper bound. With a hint
-    (e.g. the exact solver's optimum in slots) two solves usually certify it. ``time_limit_s``
-    bounds the whole search: ``SolverTimeoutError`` when exceeded.
+    Without a hint: the lower bound first, then galloping and bisection up to the trivial upper
+    bound. With a hint (e.g. the exact solver's optimum in slots) two solves usually certify it.
+    ``time_limit_s`` bounds the whole search: ``SolverTimeoutError`` when exceeded.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"lp backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     t0 = time.perf_counter()
     history: list[tuple[int, bool]] = []
-    found: dict[int, tuple[tuple[int, int, float], ...]] = {}
-    variables = 0
+    found: dict[int, _Solved] = {}
 
     def feasible(d: int) -> bool:
-        nonlocal variables
         left = time_limit_s - (time.perf_counter() - t0)
         if left <= 0:
             raise SolverTimeoutError(f"LP search exceeded its time limit ({time_limit_s:.3g} s)")
-        window = np.maximum(d - inst.tail - inst.release, 0)
-        variables = max(variables, int(window.sum()))
         try:
-            found[d] = solve_deadline(inst, d, backend=backend, time_limit_s=left)
+            found[d] = _solve_at(inst, d, backend, left)
             ok = True
         except InfeasibleError:
             ok = False
@@ -369,66 +443,51 @@ def solve_lp(
                 hi = hint_slots - 1
         else:
             infeasible_below = hint_slots
-    if hi is None or hi - infeasible_below > 1:
-        if hi is None:
-            if infeasible_below < lb and feasible(lb):
-                hi = lb
-            else:
-                infeasible_below = max(infeasible_below, lb)
-                hi = max(inst.trivial_upper_bound, infeasible_below + 1)
-                # Gallop from the lower end: optima are usually near the bound.
-                step = 1
-                while infeasible_below + step < hi:
-                    d = infeasible_below + step
-                    if feasible(d):
-                        hi = d
-                        break
-                    infeasible_below = d
-                    step *= 2
-        while hi - infeasible_below > 1:
-            mid = (hi + infeasible_below) // 2
-            if feasible(mid):
-                hi = mid
-            else:
-                infeasible_below = mid
-        if hi not in found and not feasible(hi):
-            raise InfeasibleError(f"the LP is infeasible at its upper bound ({hi} slots)")
-    assignment = found[hi]
-    frac = max((min(v, 1.0 - v) for _, _, v in assignment), default=0.0)
-    frac = max(frac, 0.0)
+    if hi is None:
+        if infeasible_below < lb and feasible(lb):
+            hi = lb
+        else:
+            infeasible_below = max(infeasible_below, lb)
+            hi = max(inst.trivial_upper_bound, infeasible_below + 1)
+            # Gallop up from the lower end: optima are usually near the bound.
+            step = 1
+            while infeasible_below + step < hi:
+                d = infeasible_below + step
+                if feasible(d):
+                    hi = d
+                    break
+                infeasible_below = d
+                step *= 2
+    while hi - infeasible_below > 1:
+        mid = (hi + infeasible_below) // 2
+        if feasible(mid):
+            hi = mid
+        else:
+            infeasible_below = mid
+    if hi not in found and not feasible(hi):
+        raise InfeasibleError(f"the LP is infeasible at its upper bound ({hi} slots)")
+    best = found[hi]
     return LpSolution(
         makespan_slots=hi,
         slot_us=inst.slot_us,
-        assignment=assignment,
-        integral=frac <= _INTEGRALITY_TOL,
-        max_fractionality=frac,
+        assignment=best.assignment,
+        integral=best.max_fractionality <= _INTEGRALITY_TOL,
+        max_fractionality=best.max_fractionality,
         backend=backend,
         solves=len(history),
-        variables=variables,
+        variables=max(s.variables for s in found.values()),
+        slot_variables=max(s.slot_variables for s in found.values()),
         solve_seconds=time.perf_counter() - t0,
         history=tuple(history),
     )
 
 
-def lp_pieces(
-    inst: SlotInstance, sol: LpSolution, tail_us: Sequence[float]
-) -> tuple[tuple[int, float, float], ...]:
-    """Plan pieces ``(job, start_us, weight)`` from an LP assignment.
-
-    Consecutive slots of one job merge into one piece. A fractional slot (only possible if the
-    solver returned a non-vertex point) is shared in largest-tail-first order.
-    """
-    by_slot: dict[int, list[tuple[int, float]]] = {}
-    for j, t, v in sol.assignment:
-        by_slot.setdefault(t, []).append((j, v))
+def lp_pieces(inst: SlotInstance, sol: LpSolution) -> tuple[tuple[int, float, float], ...]:
+    """Plan pieces ``(job, start_us, weight)``; consecutive runs of one job merge into one."""
     pieces: list[list[Any]] = []
-    for t in sorted(by_slot):
-        acc = 0.0
-        for j, v in sorted(by_slot[t], key=lambda jv: (-tail_us[jv[0]], jv[0])):
-            start = (t + acc) * inst.slot_us
-            acc += v
-            if pieces and pieces[-1][0] == j:
-                pieces[-1][2] += v
-            else:
-                pieces.append([j, start, v])
+    for j, start, length in sorted(sol.assignment, key=lambda a: a[1]):
+        if pieces and pieces[-1][0] == j:
+            pieces[-1][2] += length
+        else:
+            pieces.append([j, start * inst.slot_us, length])
     return tuple((int(j), float(s), float(w)) for j, s, w in pieces)
