@@ -312,3 +312,44 @@ def test_unknown_models_are_refused() -> None:
         build_workload("torchvision:resnet5", batch_size=1)
     with pytest.raises(InputError, match="unknown model 'nope'"):
         build_workload("nope", batch_size=1)
+
+
+# --- CUDA path (no GPU here: the event clock is driven by a stand-in for torch.cuda) ----------
+
+
+class _FakeEvent:
+    """Mimics torch.cuda.Event on the host: record() stamps, elapsed_time() in ms."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.t_ns = -1
+
+    def record(self) -> None:
+        import time
+
+        self.t_ns = time.perf_counter_ns()
+
+    def elapsed_time(self, other: _FakeEvent) -> float:
+        assert self.t_ns >= 0
+        assert other.t_ns >= 0
+        return (other.t_ns - self.t_ns) / 1e6
+
+
+def test_cuda_event_clock_path_runs_with_a_stand_in() -> None:
+    import types
+
+    from pace.profiler.clock import CudaEventClock
+
+    synced: list[int] = []
+    fake = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Event=_FakeEvent, synchronize=lambda: synced.append(1))
+    )
+    clock = CudaEventClock()
+    clock._torch = fake  # type: ignore[assignment]
+    _, trace = _cnn_trace(clock=clock)
+    verify_trace(trace)
+    assert trace.meta["clock"] == "cuda-events"
+    # One synchronisation per iteration, not per op.
+    assert len(synced) == 3
+    _, host = _cnn_trace()
+    assert [(o.name, o.deps) for o in trace.ops] == [(o.name, o.deps) for o in host.ops]
