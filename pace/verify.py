@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from pace.errors import InputError, ScheduleMismatchError
 from pace.io import trace_digest
-from pace.ir import PHASES, CommModel, Schedule, Trace
+from pace.ir import PHASES, CommModel, Schedule, Slice, Trace
 
 
 def _is_int(x: object, minimum: int) -> bool:
@@ -70,6 +70,39 @@ def _check_unique(names: Sequence[str], kind: str, list_key: str, where: str) ->
     return index
 
 
+def _check_name_list(names: object, field: str, where: str) -> None:
+    if not isinstance(names, tuple | list):
+        raise InputError(f"must be a list of op names, got {names!r}", where=where, field=field)
+    for k, name in enumerate(names):
+        if not isinstance(name, str):
+            raise InputError(
+                f"must be an op name (a string), got {name!r}", where=where, field=f"{field}[{k}]"
+            )
+
+
+def _check_samples(comm: CommModel, path: str, where: str) -> None:
+    if not isinstance(comm.samples, tuple | list):
+        raise InputError(
+            f"must be a list of (bytes, us) pairs, got {comm.samples!r}",
+            where=where,
+            field=f"{path}.samples",
+        )
+    for k, pt in enumerate(comm.samples):
+        ok = (
+            isinstance(pt, tuple | list)
+            and len(pt) == 2
+            and _is_int(pt[0], 0)
+            and _is_num(pt[1])
+            and pt[1] >= 0
+        )
+        if not ok:
+            raise InputError(
+                f"must be a (bytes >= 0, us >= 0) pair of finite numbers, got {pt!r}",
+                where=where,
+                field=f"{path}.samples[{k}]",
+            )
+
+
 def verify_trace(trace: Trace, where: str = "") -> None:
     """Raise ``InputError`` unless ``trace`` satisfies trace format v1 (see module docstring).
 
@@ -84,6 +117,9 @@ def verify_trace(trace: Trace, where: str = "") -> None:
             "a trace needs at least one gradient tensor to all-reduce", where=where, field="tensors"
         )
     _check_comm(trace.comm, "comm", where)
+    _check_samples(trace.comm, "comm", where)
+    if not isinstance(trace.model, str):
+        raise InputError(f"must be a string, got {trace.model!r}", where=where, field="model")
 
     # Successor lists by op index: the graph has an edge dep -> op.
     succ: list[list[int]] = [[] for _ in ops]
@@ -101,6 +137,7 @@ def verify_trace(trace: Trace, where: str = "") -> None:
                 where=where,
                 field=f"ops[{i}].duration_us",
             )
+        _check_name_list(op.deps, f"ops[{i}].deps", where)
         for k, dep in enumerate(op.deps):
             j = op_index.get(dep)
             if j is None:
@@ -123,7 +160,8 @@ def verify_trace(trace: Trace, where: str = "") -> None:
                 where=where,
                 field=f"tensors[{ti}].bytes",
             )
-        p = op_index.get(t.producer)
+        _check_name_list(t.consumers, f"tensors[{ti}].consumers", where)
+        p = op_index.get(t.producer) if isinstance(t.producer, str) else None
         if p is None:
             raise InputError(
                 f"op {t.producer!r} does not exist", where=where, field=f"tensors[{ti}].producer"
@@ -249,15 +287,17 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
                 where=where,
                 field=f"units[{ui}].priority",
             )
-        if not unit.slices:
+        if not isinstance(unit.slices, tuple | list) or not unit.slices:
             raise InputError(
-                "must not be empty (a unit carries at least one slice)",
+                "must be a non-empty list of slices (a unit carries at least one slice)",
                 where=where,
                 field=f"units[{ui}].slices",
             )
         for si, s in enumerate(unit.slices):
             path = f"units[{ui}].slices[{si}]"
-            size = sizes.get(s.tensor)
+            if not isinstance(s, Slice):
+                raise InputError(f"must be a Slice, got {s!r}", where=where, field=path)
+            size = sizes.get(s.tensor) if isinstance(s.tensor, str) else None
             if size is None:
                 raise InputError(
                     f"tensor {s.tensor!r} does not exist in the trace",

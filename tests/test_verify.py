@@ -290,7 +290,7 @@ def test_schedule_numbers() -> None:
     t = tiny()
     sfails(sched(t, [(float("nan"), GOOD[0][1]), *GOOD[1:]]), "units[0].priority", "finite")
     sfails(sched(t, GOOD, predicted_iteration_us=-1.0), "predicted_iteration_us", ">= 0")
-    sfails(sched(t, [(1.0, [])]), "units[0].slices", "must not be empty")
+    sfails(sched(t, [(1.0, [])]), "units[0].slices", "must be a non-empty list")
     sfails(sched(t, [(1.0, [("layer1.weight", 0, 0)])]), "units[0].slices[0].bytes", "> 0")
     sfails(sched(t, [(1.0, [("layer1.weight", 0.0, 4)])]), "units[0].slices[0].offset", "integer")
     sfails(
@@ -327,3 +327,63 @@ def test_large_trace_verifies() -> None:
     t = random_trace(seed=1, n_layers=2500, ops_per_layer=20, tensors_per_layer=(2, 2))
     assert len(t.ops) == 50_000
     verify_trace(t)
+
+
+ir_junk = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=5),
+    st.just(("bw.layer1",)),
+    st.just(["fw.layer2", 3]),
+    st.just((1, 2.0)),
+    st.just(((1, 2.0), (3,))),
+    st.just([[1]]),
+)
+
+
+@settings(max_examples=300)
+@given(data=st.data())
+def test_ir_built_in_python_with_junk_fields_gives_input_error_only(data: st.DataObject) -> None:
+    # Another stage may build a Trace/Schedule by hand: verify must report junk as InputError,
+    # never crash with TypeError/KeyError.
+    t = tiny()
+    s = sched(t, GOOD)
+    target = data.draw(st.sampled_from(["op", "tensor", "comm", "unit", "slice", "schedule"]))
+    value = data.draw(ir_junk)
+    if target == "op":
+        i = data.draw(st.integers(0, len(t.ops) - 1))
+        field = data.draw(st.sampled_from(["name", "phase", "duration_us", "deps"]))
+        ops = list(t.ops)
+        ops[i] = dataclasses.replace(ops[i], **{field: value})
+        t = dataclasses.replace(t, ops=tuple(ops))
+    elif target == "tensor":
+        i = data.draw(st.integers(0, len(t.tensors) - 1))
+        field = data.draw(st.sampled_from(["name", "size_bytes", "producer", "consumers"]))
+        tensors = list(t.tensors)
+        tensors[i] = dataclasses.replace(tensors[i], **{field: value})
+        t = dataclasses.replace(t, tensors=tuple(tensors))
+    elif target == "comm":
+        field = data.draw(st.sampled_from(["workers", "alpha_us", "beta_us_per_byte", "samples"]))
+        t = dataclasses.replace(t, comm=dataclasses.replace(t.comm, **{field: value}))
+    elif target == "unit":
+        units = list(s.units)
+        field = data.draw(st.sampled_from(["priority", "slices"]))
+        units[0] = dataclasses.replace(units[0], **{field: value})
+        s = dataclasses.replace(s, units=tuple(units))
+    elif target == "slice":
+        field = data.draw(st.sampled_from(["tensor", "offset_bytes", "size_bytes"]))
+        units = list(s.units)
+        sl = dataclasses.replace(units[1].slices[0], **{field: value})
+        units[1] = dataclasses.replace(units[1], slices=(sl,))
+        s = dataclasses.replace(s, units=tuple(units))
+    else:
+        field = data.draw(st.sampled_from(["trace_digest", "predicted_iteration_us"]))
+        s = dataclasses.replace(s, **{field: value})
+    try:
+        verify_trace(t)
+        if target in ("unit", "slice", "schedule"):
+            verify_schedule(s, t)
+    except InputError:
+        pass
