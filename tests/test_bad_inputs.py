@@ -8,6 +8,7 @@ list of malformations it documents cannot drift apart.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -159,6 +160,30 @@ def test_good_files_pass(capsys: pytest.CaptureFixture[str]) -> None:
     assert "valid trace" in capsys.readouterr().out
     assert main(["validate", str(DATA / "tiny.schedule.json"), "--trace", str(TINY)]) == 0
     assert "valid schedule" in capsys.readouterr().out
+
+
+def test_json_summaries(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(TINY), "--json"]) == 0
+    trace_summary = json.loads(capsys.readouterr().out)
+    assert trace_summary == {
+        "file": str(TINY),
+        "kind": "trace",
+        "valid": True,
+        "model": "tiny-2-layer",
+        "ops": 4,
+        "tensors": 2,
+        "total_bytes": 24,
+        "trace_digest": trace_summary["trace_digest"],
+    }
+    assert trace_summary["trace_digest"].startswith("sha256:")
+    schedule = str(DATA / "tiny.schedule.json")
+    assert main(["validate", schedule, "--trace", str(TINY), "--json"]) == 0
+    sched_summary = json.loads(capsys.readouterr().out)
+    assert sched_summary["kind"] == "schedule"
+    assert sched_summary["checked_against_trace"] is True
+    assert sched_summary["units"] == 3
+    assert sched_summary["predicted_iteration_us"] == 39.0
+    assert sched_summary["trace_digest"] == trace_summary["trace_digest"]
 
 
 def test_schedule_against_a_bad_trace_names_the_trace(capsys: pytest.CaptureFixture[str]) -> None:
