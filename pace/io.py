@@ -109,7 +109,13 @@ def _decode(text: str, where: str) -> Any:
         raise InputError("not valid JSON: nested too deeply", where=where) from None
     if flags.bad:
         # Found only now so the message can carry the JSON path of the offending value.
-        _find_bad(obj, "", where)
+        try:
+            _find_bad(obj, "", where)
+        except RecursionError:
+            raise InputError(
+                "not valid JSON: NaN/Infinity or a duplicate key, nested too deeply to locate",
+                where=where,
+            ) from None
     return obj
 
 
@@ -192,7 +198,10 @@ def _dump(obj: Mapping[str, Any], path: PathLike) -> None:
     if str(path).endswith(".gz"):
         # mtime=0: the same trace always gives the same bytes (diffable, cacheable).
         data = gzip.compress(data, mtime=0)
-    Path(path).write_bytes(data)
+    try:
+        Path(path).write_bytes(data)
+    except OSError as exc:
+        raise InputError(f"cannot write file: {exc.strerror or exc}", where=str(path)) from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -285,3 +285,9 @@ def test_large_trace_round_trip(tmp_path: Path) -> None:
     t = random_trace(seed=3, n_layers=400, ops_per_layer=6)
     save_trace(t, tmp_path / "big.json.gz")
     assert load_trace(tmp_path / "big.json.gz") == t
+
+
+def test_unwritable_path_is_an_input_error(tmp_path: Path) -> None:
+    target = tmp_path / "no" / "such" / "dir" / "t.json"
+    with pytest.raises(InputError, match=r"t\.json: cannot write file"):
+        save_trace(tiny(), target)
