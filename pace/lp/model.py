@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -269,7 +270,10 @@ def _pulp_solver(backend: str, time_limit_s: float) -> Any:
         if not solver.available():
             raise SolverMissingError("pulp's HiGHS backend needs highspy, which is not installed")
         return solver
-    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, math.ceil(tl)))
+    with warnings.catch_warnings():
+        # pulp 3.3 deprecates its bundled CBC for 4.0; it is still the one that ships.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, math.ceil(tl)))
     if not solver.available():
         raise SolverMissingError("pulp's CBC binary is not available")
     return solver
@@ -280,8 +284,10 @@ def _solve_pulp(b: _Built, backend: str, time_limit_s: float) -> npt.NDArray[np.
     import pulp
 
     prob = pulp.LpProblem("pace_deadline_lp", pulp.LpMinimize)
+    # pulp >= 3.3 attaches variables to the model (LpVariable(...) alone is deprecated there).
+    new_var = getattr(prob, "add_variable", None) or pulp.LpVariable
     xs = [
-        pulp.LpVariable(f"x_{g}_{k}", 0)
+        new_var(f"x_{g}_{k}", 0)
         for g, k in zip(b.col_group.tolist(), b.col_interval.tolist(), strict=True)
     ]
     prob += pulp.LpAffineExpression(zip(xs, b.cost.tolist(), strict=True))
@@ -348,7 +354,10 @@ def _expand(inst: SlotInstance, b: _Built, x: npt.NDArray[np.float64]) -> _Solve
                 j = mem[cursor[g]]
                 take = min(left, float(need[j]))
                 if take > _INTEGRALITY_TOL:
-                    out.append((j, t, take))
+                    if out and out[-1][0] == j and abs(out[-1][1] + out[-1][2] - t) < 1e-9:
+                        out[-1] = (j, out[-1][1], out[-1][2] + take)  # one run across intervals
+                    else:
+                        out.append((j, t, take))
                 t += take
                 left -= take
                 need[j] -= take
