@@ -42,7 +42,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="pace",
-        description="Compile and replay the gradient all-reduce schedule of data-parallel training.",
+        description=(
+            "Compile and replay the gradient all-reduce schedule of data-parallel training."
+        ),
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
