@@ -29,6 +29,7 @@ Example (the worked example of DESIGN.md: FIFO finishes at 44 us):
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -263,14 +264,19 @@ _COMPILED_CACHE_SIZE = 4
 _compiled_cache: list[tuple[Prepared, tuple[Unit, ...], bool, engine.CompiledUnits]] = []
 
 
+_compiled_lock = threading.Lock()
+
+
 def _compiled(prep: Prepared, units: tuple[Unit, ...], in_order: bool) -> engine.CompiledUnits:
-    for p, u, o, cu in _compiled_cache:
-        if p is prep and u is units and o == in_order:
-            return cu
+    with _compiled_lock:
+        for p, u, o, hit in _compiled_cache:
+            if p is prep and u is units and o == in_order:
+                return hit
     cu = engine.compile_units(prep, units, in_order=in_order)
-    _compiled_cache.append((prep, units, in_order, cu))
-    if len(_compiled_cache) > _COMPILED_CACHE_SIZE:
-        del _compiled_cache[0]
+    with _compiled_lock:
+        _compiled_cache.append((prep, units, in_order, cu))
+        if len(_compiled_cache) > _COMPILED_CACHE_SIZE:
+            del _compiled_cache[0]
     return cu
 
 

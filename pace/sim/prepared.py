@@ -16,6 +16,7 @@ window. ``tail`` is computed here; only the channel replay depends on the policy
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from pace.ir import Trace
 # while the entry exists.
 _CACHE_SIZE = 16
 _cache: OrderedDict[int, tuple[Trace, Prepared]] = OrderedDict()
+_lock = threading.Lock()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -71,16 +73,21 @@ class Prepared:
 
 
 def prepare(trace: Trace) -> Prepared:
-    """The cached :class:`Prepared` of ``trace`` (computed on first use)."""
+    """The cached :class:`Prepared` of ``trace`` (computed on first use).
+
+    Thread-safe: the runtime's background re-planner replays while the main thread may too.
+    """
     key = id(trace)
-    hit = _cache.get(key)
-    if hit is not None and hit[0] is trace:
-        _cache.move_to_end(key)
-        return hit[1]
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None and hit[0] is trace:
+            _cache.move_to_end(key)
+            return hit[1]
     prep = _build(trace)
-    _cache[key] = (trace, prep)
-    while len(_cache) > _CACHE_SIZE:
-        _cache.popitem(last=False)
+    with _lock:
+        _cache[key] = (trace, prep)
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
     return prep
 
 
