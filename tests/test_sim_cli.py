@@ -124,3 +124,10 @@ def test_simulate_bad_options_exit_2(
 def test_missing_trace_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", str(tmp_path / "none.json")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_compare_subset_of_policies(tiny_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(["compare", str(tiny_path), "--policies", "tictac,p3", "--json"], capsys)
+    assert out["baselines"] == {"fifo": 44, "tictac": 44, "p3": 44}
+    assert main(["compare", str(tiny_path), "--policies", "tictac,nope"]) == 2
+    assert "--policies" in capsys.readouterr().err

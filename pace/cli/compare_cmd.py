@@ -20,6 +20,7 @@ from pace.cli.simulate_cmd import (
     result_summary,
     sim_options,
 )
+from pace.errors import InputError
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -30,6 +31,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("trace", metavar="TRACE", help="trace file (.json or .json.gz)")
     p.add_argument("--schedule", metavar="FILE", help="also replay this compiled schedule")
+    p.add_argument(
+        "--policies",
+        metavar="NAMES",
+        help="comma-separated subset of the baselines (fifo, the reference, is always run)",
+    )
     add_trace_options(p)
     p.set_defaults(func=run)
 
@@ -44,6 +50,14 @@ def run(args: argparse.Namespace) -> int:
     explicit = options != SimOptions()
     rows: dict[str, Any] = {}
     names: list[str] = list(POLICIES)
+    if args.policies is not None:
+        wanted = [n.strip() for n in args.policies.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in POLICIES]
+        if unknown:
+            raise InputError(
+                f"unknown policy {unknown[0]!r}; known: {', '.join(POLICIES)}", where="--policies"
+            )
+        names = ["fifo", *(n for n in dict.fromkeys(wanted) if n != "fifo")]
     with Progress(transient=True, disable=not sys.stderr.isatty()) as progress:
         task = progress.add_task("simulating", total=len(names) + 1)
         for name in names:
