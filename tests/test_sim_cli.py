@@ -131,3 +131,16 @@ def test_compare_subset_of_policies(tiny_path: Path, capsys: pytest.CaptureFixtu
     assert out["baselines"] == {"fifo": 44, "tictac": 44, "p3": 44}
     assert main(["compare", str(tiny_path), "--policies", "tictac,nope"]) == 2
     assert "--policies" in capsys.readouterr().err
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_shipped_tiny_files_replay_as_worked_out(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = str(DATA / "tiny.trace.json")
+    sched = str(DATA / "tiny.schedule.json")
+    out = run_json(["simulate", trace, "--schedule", sched, "--json"], capsys)
+    assert out["iteration_us"] == 39
+    assert out["matches_prediction"] is True
+    out = run_json(["simulate", trace, "--policy", "fifo", "--no-barrier", "--json"], capsys)
+    assert out["iteration_us"] == 44
