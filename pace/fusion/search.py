@@ -95,7 +95,7 @@ def family_grid(chain: Chain) -> list[tuple[str, float, float]]:
     byte_grid.append(float("inf"))
     span_us = max(float(chain.release_us[-1] - chain.release_us[0]), 1e-9)
     gap_grid = [0.0, *(span_us * f for f in (0.001, 0.01, 0.05, 0.2)), float("inf")]
-    return [(f"window(bytes={b:.3g},gap={g:.3g}us)", b, g) for b in byte_grid for g in gap_grid]
+    return [(f"window(bytes={b:.3g},gap_us={g:.3g})", b, g) for b in byte_grid for g in gap_grid]
 
 
 def _focus(oracle: ChainOracle, starts: IntArray, n: int) -> tuple[list[int], list[int]] | None:
