@@ -268,24 +268,27 @@ def bytescheduler_tuned(
     def build(prep: Prepared, options: SimOptions) -> Plan:
         order = layer_order(prep)
         grid_credits = (options.credit,) if options.credit is not None else credits
-        best: tuple[float, int, int] | None = None
+        best: tuple[float, float, int, int] | None = None
         best_units: tuple[Unit, ...] = ()
         for part in partitions_bytes:
             units = partition_units(prep, order, part)
             pol = Policy(name="_grid", build=_fixed(units))
             for credit in grid_credits:
                 res = simulate(prep.trace, pol, options=options.over(SimOptions(credit=credit)))
-                key = (res.iteration_us, credit, part)
+                # Ties (common when compute dominates) go to the least channel time, then the
+                # smaller credit and the larger partition: fewer calls, less overhead.
+                key = (res.iteration_us, res.comm_busy_us, credit, -part)
                 if best is None or key < best:
                     best = key
                     best_units = units
         assert best is not None
+        credit_best = int(best[2])
         return Plan(
             units=best_units,
-            defaults=SimOptions(credit=best[1]),
+            defaults=SimOptions(credit=credit_best),
             knobs={
-                "partition_bytes": best[2],
-                "credit_units": best[1],
+                "partition_bytes": int(-best[3]),
+                "credit_units": credit_best,
                 "grid_points": len(partitions_bytes) * len(grid_credits),
             },
         )
