@@ -20,7 +20,6 @@ pytest.importorskip("torch")
 
 
 @pytest.mark.torch
-@pytest.mark.slow
 def test_profile_cli_on_a_model_it_was_not_tuned_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,11 +1,11 @@
 """Models ``pace profile --model`` knows: torchvision classifiers and two built-in sequence models.
 
 ``torchvision:NAME`` builds any torchvision classification model with random weights
-(``weights=None``: nothing is downloaded) on random images. ``pace:transformer`` is a small
-GPT-like decoder (token + position embeddings, pre-LN blocks, tied output head; 12 blocks give
-148 parameter tensors) and ``pace:lstm-seq2seq`` an encoder-decoder LSTM in the style of the
-PACE paper's Seq2Seq, both on random tokens. Inputs are made once, so every iteration runs the
-same ops.
+(``weights=None``: nothing is downloaded) on random images. ``pace:transformer`` is a GPT-like
+decoder (token + position embeddings, pre-LN blocks, tied output head; 12 blocks of width 512:
+148 parameter tensors, 46 M parameters) and ``pace:lstm-seq2seq`` an encoder-decoder LSTM in
+the style of the PACE paper's Seq2Seq (4 + 4 layers of width 512: 36 tensors, 41 M
+parameters), both on random tokens. Inputs are made once, so every iteration runs the same ops.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class TinyGPT(nn.Module):
     """GPT-like decoder; the output head shares the token embedding (tied weights)."""
 
     def __init__(
-        self, *, vocab: int = 8000, d_model: int = 128, n_layers: int = 12, n_heads: int = 4
+        self, *, vocab: int = 16000, d_model: int = 512, n_layers: int = 12, n_heads: int = 8
     ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
@@ -87,7 +87,7 @@ class Seq2Seq(nn.Module):
     """Encoder-decoder LSTM (Sutskever et al.) with a linear output layer."""
 
     def __init__(
-        self, *, vocab: int = 8000, d_model: int = 256, n_layers: int = 4, tie: bool = False
+        self, *, vocab: int = 16000, d_model: int = 512, n_layers: int = 4, tie: bool = False
     ) -> None:
         super().__init__()
         self.src_emb = nn.Embedding(vocab, d_model)
