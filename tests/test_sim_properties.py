@@ -189,3 +189,15 @@ def test_layer_order_sorts_by_first_forward_use(trace: Trace) -> None:
     order = layer_order(prep)
     needs = [prep.need_us[k] for k in order]
     assert needs == sorted(needs)
+
+
+@settings(max_examples=25)
+@given(traces(max_layers=8), st.booleans())
+def test_every_policy_runs_on_one_compute_stream(trace: Trace, barrier: bool) -> None:
+    serial_us = sum(op.duration_us for op in trace.ops)
+    opts = SimOptions(one_compute_stream=True, barrier=barrier)
+    for name in FAST_POLICIES:
+        res = simulate(trace, name, options=opts)
+        assert res.iteration_us >= serial_us - EPS, name
+        assert all(math.isfinite(d) for d in res.tensor_done_us), name
+        assert close(res.iteration_us, max([*res.op_finish_us, *res.unit_finish_us])), name
