@@ -181,6 +181,15 @@ class Engine:
         """Block until the parameters ``indices`` carry the update of every closed iteration."""
         steps = self.steps
         updated = self.updated
+        if self._marked_in_iteration and any(self.marks[i] > steps for i in indices):
+            # These gradients are final and their parameters are being updated in place right
+            # now; a forward (and its backward) would see a half-updated model. (A forward whose
+            # parameters have no gradient yet, e.g. activation checkpointing's recompute, is fine.)
+            raise RuntimeReplayError(
+                f"rank {self.backend.rank}: {what} between backward() and step(): its parameters "
+                "are already being updated (gradient accumulation over several forward/backward "
+                "passes is not supported); call step() first"
+            )
         if self._error is None and all(updated[i] >= steps for i in indices):
             return
         with self._cv:
@@ -256,14 +265,17 @@ class Engine:
         self._queue.put(None)
 
     def _wait_locked(self, pred: Callable[[], bool], what: str, indices: Sequence[int]) -> None:
-        deadline = time.monotonic() + self.timeout_s
+        # Twice the collective limit: a stuck collective is reported first, by the completion
+        # thread, with the exact unit; this catches everything else (e.g. a dead dispatcher).
+        limit_s = 2 * self.timeout_s
+        deadline = time.monotonic() + limit_s
         while not pred():
             self._raise_if_failed()
             left = deadline - time.monotonic()
             if left <= 0:
                 waiting = [self.infos[i].name for i in indices if self.updated[i] < self.steps]
                 msg = (
-                    f"rank {self.backend.rank}: {what} timed out after {self.timeout_s:g} s "
+                    f"rank {self.backend.rank}: {what} timed out after {limit_s:g} s "
                     f"waiting for the update of {waiting[:3]} (iteration {self.steps - 1}); "
                     f"dispatcher at {self._dispatch_at}; oldest in flight: "
                     f"{self._oldest_flight or 'none'}"

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.nn import functional
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2]))  # the repository, when run as a script
@@ -42,10 +42,11 @@ class SmallCNN(nn.Module):
         self.fc2 = nn.Linear(32, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.conv1(x))
-        x = F.relu(self.conv2(x))
-        x = F.relu(self.fc1(x.flatten(1)))
-        return self.fc2(x)
+        x = functional.relu(self.conv1(x))
+        x = functional.relu(self.conv2(x))
+        x = functional.relu(self.fc1(x.flatten(1)))
+        out: torch.Tensor = self.fc2(x)
+        return out
 
 
 def build_model(seed: int = 0) -> SmallCNN:
@@ -111,8 +112,8 @@ def train(
             os._exit(17)  # simulate a crashed rank: no cleanup, sockets just close
         x, y = batch(rank, step)
         opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
+        loss = functional.cross_entropy(model(x), y)
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         sched.step()
 
@@ -142,21 +143,28 @@ def vanilla(backend: str, kind: str, steps: int, rank: int) -> list[torch.Tensor
         )
         train(model, opt, steps, rank)
     else:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DDP(model)
+        ddp = DistributedDataParallel(model)
         train(ddp, make_optimizer(kind, ddp.parameters()), steps, rank)
     return [p.detach().clone() for p in model.parameters()]
 
 
 def run_pace(
-    backend: str, config: str, steps: int, rank: int, schedule_path: str, die_at: int
+    backend: str,
+    config: str,
+    steps: int,
+    rank: int,
+    *,
+    schedule_path: str,
+    die_at: int,
+    timeout_s: float,
 ) -> dict[str, Any]:
     import pace.runtime
 
     kind, _, variant = config.partition(":")
     model = build_model()
-    knobs: dict[str, Any] = {"timeout_s": 20.0 if die_at >= 0 else 60.0}
+    knobs: dict[str, Any] = {"timeout_s": timeout_s}
     schedule: Any = schedule_path
     fallback = False
     if "online" in variant:
@@ -214,6 +222,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--die-rank", type=int, default=-1)
     ap.add_argument("--die-at", type=int, default=-1)
+    ap.add_argument("--timeout-s", type=float, default=60.0)
     args = ap.parse_args()
     torch.set_num_threads(1)
     rank, _ = init_backend(args.backend)
@@ -223,7 +232,15 @@ def main() -> int:
         die_at = args.die_at if rank == args.die_rank else -1
         if kind not in refs and args.die_at < 0:
             refs[kind] = vanilla(args.backend, kind, args.steps, rank)
-        res = run_pace(args.backend, config, args.steps, rank, args.schedule, die_at)
+        res = run_pace(
+            args.backend,
+            config,
+            args.steps,
+            rank,
+            schedule_path=args.schedule,
+            die_at=die_at,
+            timeout_s=args.timeout_s,
+        )
         params = res.pop("params")
         if kind in refs:
             ref = refs[kind]

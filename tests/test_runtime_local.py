@@ -1,0 +1,425 @@
+"""The runtime in one process (a world of one gloo rank, or a fake backend).
+
+Averaging over one rank is the identity, so a wrapped optimizer must reproduce the plain
+optimizer bit for bit: this checks the per-parameter update path for every torch optimizer
+quickly, without launching processes. Misuse, time-outs and shutdown are checked here too.
+"""
+
+from __future__ import annotations
+
+import gzip
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+import pace.runtime  # noqa: E402
+from pace.errors import InputError, RuntimeReplayError, ScheduleMismatchError  # noqa: E402
+from pace.io import save_schedule  # noqa: E402
+from pace.ir import CommModel, Schedule, Slice, Unit  # noqa: E402
+from pace.runtime import optimizer as runtime_optimizer  # noqa: E402
+from pace.runtime.backends import CollectiveTimeoutError  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_rank_group() -> Iterator[None]:
+    torch.set_num_threads(1)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def no_threads_left() -> Iterator[None]:
+    yield
+    left = [t.name for t in threading.enumerate() if t.name.startswith("pace-")]
+    assert left == [], f"runtime threads left behind: {left}"
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(6, 16)
+        self.fc2 = nn.Linear(16, 16)
+        self.fc3 = nn.Linear(16, 3)
+
+    def forward(self, x: Any) -> Any:
+        return self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))
+
+
+def net() -> Net:
+    torch.manual_seed(3)
+    return Net()
+
+
+def schedule_for(model: nn.Module) -> Schedule:
+    """Partition fc2.weight in three, fuse the rest in two groups; out of backward order."""
+    size = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
+    w = size["fc2.weight"]
+    return Schedule(
+        trace_digest="sha256:t",
+        cost_model=CommModel(workers=1, alpha_us=1.0, beta_us_per_byte=0.0),
+        units=(
+            Unit(
+                priority=0,
+                slices=(
+                    Slice(tensor="fc3.weight", offset_bytes=0, size_bytes=size["fc3.weight"]),
+                    Slice(tensor="fc3.bias", offset_bytes=0, size_bytes=size["fc3.bias"]),
+                ),
+            ),
+            Unit(
+                priority=1, slices=(Slice(tensor="fc2.weight", offset_bytes=0, size_bytes=w // 4),)
+            ),
+            Unit(
+                priority=2,
+                slices=(Slice(tensor="fc2.weight", offset_bytes=w // 4, size_bytes=w // 2),),
+            ),
+            Unit(
+                priority=3,
+                slices=(
+                    Slice(tensor="fc2.weight", offset_bytes=3 * w // 4, size_bytes=w // 4),
+                    Slice(tensor="fc2.bias", offset_bytes=0, size_bytes=size["fc2.bias"]),
+                    Slice(tensor="fc1.bias", offset_bytes=0, size_bytes=size["fc1.bias"]),
+                ),
+            ),
+            Unit(
+                priority=4,
+                slices=(Slice(tensor="fc1.weight", offset_bytes=0, size_bytes=size["fc1.weight"]),),
+            ),
+        ),
+        predicted_iteration_us=0.0,
+    )
+
+
+def _grad(p: Any) -> Any:
+    assert p.grad is not None
+    return p.grad
+
+
+def train(model: nn.Module, opt: Any, steps: int = 12, *, sched: bool = True) -> None:
+    lr_sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7) if sched else None
+    g = torch.Generator().manual_seed(11)
+    for _ in range(steps):
+        x, y = torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        if lr_sched is not None:
+            lr_sched.step()
+
+
+def _two_groups(params: list[Any]) -> Any:
+    # Two param groups with different hyper-parameters.
+    return torch.optim.SGD(
+        [{"params": params[:2], "lr": 0.2}, {"params": params[2:]}], lr=0.05, momentum=0.5
+    )
+
+
+OPTIMIZERS: dict[str, Callable[[Any], Any]] = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01, amsgrad=True),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=0.01),
+    "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.05),
+    "adadelta": lambda p: torch.optim.Adadelta(p, lr=1.0),
+    "adamax": lambda p: torch.optim.Adamax(p, lr=0.01),
+    "nadam": lambda p: torch.optim.NAdam(p, lr=0.01),
+    "radam": lambda p: torch.optim.RAdam(p, lr=0.01),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01, centered=True),
+    "rprop": lambda p: torch.optim.Rprop(p, lr=0.01),
+    "asgd": lambda p: torch.optim.ASGD(p, lr=0.01),
+    # Two param groups with different hyper-parameters.
+    "sgd-groups": lambda p: _two_groups(list(p)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("mode", ["schedule", "online"])
+def test_any_optimizer_is_bitwise_the_plain_optimizer(kind: str, mode: str) -> None:
+    ref = net()
+    train(ref, OPTIMIZERS[kind](ref.parameters()))
+    model = net()
+    schedule = schedule_for(model) if mode == "schedule" else None
+    opt = pace.runtime.wrap(
+        OPTIMIZERS[kind](model.parameters()),
+        model,
+        schedule,
+        backend="torch",
+        partition_bytes=256,
+        credit_bytes=600,
+        timeout_s=30.0,
+    )
+    assert isinstance(opt, torch.optim.Optimizer)
+    train(model, opt)
+    opt.synchronize()
+    for (name, a), b in zip(ref.named_parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert not torch.equal(ref.fc1.weight, net().fc1.weight)  # it did train
+    # Same optimizer state too (e.g. Adam's step counters and moments).
+    sd = opt.state_dict()
+    assert len(sd["state"]) == len(list(model.parameters()))
+    opt.close()
+
+
+def test_random_delays_in_hooks_dispatch_and_completion_change_nothing() -> None:
+    ref = net()
+    train(ref, OPTIMIZERS["adam"](ref.parameters()))
+    model = net()
+    opt = pace.runtime.wrap(
+        OPTIMIZERS["adam"](model.parameters()),
+        model,
+        schedule_for(model),
+        backend="torch",
+        inject_delay_s=0.003,
+        seed=5,
+        credit_bytes=64,
+    )
+    train(model, opt)
+    opt.synchronize()  # type: ignore[attr-defined]
+    assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), model.parameters(), strict=True))
+    opt.close()  # type: ignore[attr-defined]
+
+
+def test_step_returns_before_updates_and_forward_waits_for_them() -> None:
+    model = net()
+    opt = pace.runtime.wrap(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model,
+        schedule_for(model),
+        backend="torch",
+        inject_delay_s=0.02,  # slow completions: updates are still in flight after step()
+    )
+    x = torch.randn(4, 6)
+    # Taken before backward: an update may run as soon as its gradient is reduced.
+    before = model.fc1.weight.detach().clone()
+    model(x).sum().backward()
+    opt.step()
+    expected = before.add(_grad(model.fc1.weight), alpha=-0.1)  # SGD's own arithmetic
+    model(x)  # fc1's forward pre-hook waits for fc1's update
+    assert torch.equal(model.fc1.weight.detach(), expected)
+    opt.zero_grad()
+    opt.close()  # type: ignore[attr-defined]
+
+
+def test_state_dict_of_the_model_waits_for_updates() -> None:
+    model = net()
+    opt = pace.runtime.wrap(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model,
+        schedule_for(model),
+        backend="torch",
+        inject_delay_s=0.01,
+    )
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model(torch.randn(4, 6)).sum().backward()
+    opt.step()
+    expected = {n: before[n].add(_grad(p), alpha=-0.1) for n, p in model.named_parameters()}
+    sd = model.state_dict()
+    assert all(torch.equal(sd[n], v) for n, v in expected.items())
+    opt.close()  # type: ignore[attr-defined]
+
+
+def test_misuse_is_reported_not_silently_wrong() -> None:
+    model = net()
+    opt = pace.runtime.wrap(
+        torch.optim.SGD(model.parameters(), lr=0.1), model, schedule_for(model), backend="torch"
+    )
+    x = torch.randn(4, 6)
+    model(x).sum().backward()
+    with pytest.raises(RuntimeReplayError, match="zero_grad"):
+        opt.zero_grad()
+    with pytest.raises(RuntimeReplayError, match="between backward"):
+        opt.synchronize()  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeReplayError, match="forward of 'fc1' between backward"):
+        model(x)  # gradient accumulation: fc1 may already be updated in place
+    opt.close()  # type: ignore[attr-defined]
+    model = net()
+    opt = pace.runtime.wrap(
+        torch.optim.SGD(model.parameters(), lr=0.1), model, schedule_for(model), backend="torch"
+    )
+    loss = model(x).sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeReplayError, match="computed twice"):
+        loss.backward()
+    opt.close()  # type: ignore[attr-defined]
+    with pytest.raises(InputError, match="closure"):
+        opt.step(lambda: 0.0)
+
+
+def test_unused_parameter_gets_a_zero_gradient_like_horovod() -> None:
+    model = net()
+    opt = pace.runtime.wrap(
+        torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.5),
+        model,
+        schedule_for(model),
+        backend="torch",
+    )
+    before = model.fc3.weight.detach().clone()
+    opt.step()  # no backward at all: every gradient is zero, weight decay still applies
+    opt.synchronize()  # type: ignore[attr-defined]
+    assert torch.equal(model.fc3.weight.grad, torch.zeros_like(before))
+    assert torch.equal(model.fc3.weight.detach(), before.add(before.mul(0.5), alpha=-0.1))
+    opt.close()  # type: ignore[attr-defined]
+
+
+def test_lbfgs_and_double_wrap_are_refused() -> None:
+    model = net()
+    with pytest.raises(InputError, match="LBFGS"):
+        pace.runtime.wrap(torch.optim.LBFGS(model.parameters()), model, None, backend="torch")
+    with pytest.raises(InputError, match="credit_bytes"):
+        pace.runtime.wrap(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            model,
+            None,
+            backend="torch",
+            credit_bytes=0,
+        )
+
+
+def test_mismatched_schedule_file_is_refused_at_start(tmp_path: Path) -> None:
+    other = nn.Sequential(nn.Linear(6, 16), nn.Linear(16, 3))
+    path = tmp_path / "other.schedule.json"
+    save_schedule(
+        Schedule(
+            trace_digest="sha256:o",
+            cost_model=CommModel(workers=2, alpha_us=1.0, beta_us_per_byte=0.0),
+            units=tuple(
+                Unit(
+                    priority=i, slices=(Slice(tensor=n, offset_bytes=0, size_bytes=p.numel() * 4),)
+                )
+                for i, (n, p) in enumerate(other.named_parameters())
+            ),
+            predicted_iteration_us=0.0,
+        ),
+        path,
+    )
+    model = net()
+    with pytest.raises(
+        ScheduleMismatchError, match=rf"{path.name}: units: schedule does not belong"
+    ):
+        pace.runtime.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, path, backend="torch")
+    assert not [t for t in threading.enumerate() if t.name.startswith("pace-")]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"format": "pace.schedule", "version": 1, "units": [', "JSON|json"),
+        (b'{"format": "pace.schedule", "version": 7}', "version"),
+        (b"\x1f\x8b\x08garbage", None),
+    ],
+)
+def test_corrupted_schedule_file_is_refused_at_start(
+    tmp_path: Path, content: bytes, message: str | None
+) -> None:
+    path = tmp_path / "bad.schedule.json"
+    path.write_bytes(content)
+    model = net()
+    with pytest.raises(InputError, match=message) as info:
+        pace.runtime.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, path, backend="torch")
+    assert "bad.schedule.json" in str(info.value)
+
+
+def test_truncated_gzip_schedule_is_refused(tmp_path: Path) -> None:
+    model = net()
+    good = tmp_path / "good.schedule.json.gz"
+    save_schedule(schedule_for(model), good)
+    bad = tmp_path / "bad.schedule.json.gz"
+    bad.write_bytes(good.read_bytes()[:-20])
+    with pytest.raises(InputError, match=r"bad\.schedule\.json\.gz"):
+        pace.runtime.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, bad, backend="torch")
+    # The intact file is accepted.
+    assert gzip.decompress(good.read_bytes())
+    opt = pace.runtime.wrap(
+        torch.optim.SGD(model.parameters(), lr=0.1), model, good, backend="torch"
+    )
+    opt.close()  # type: ignore[attr-defined]
+
+
+def test_fallback_warns_exactly_once_and_trains_plainly() -> None:
+    ref = net()
+    train(ref, OPTIMIZERS["sgd"](ref.parameters()))
+    model = net()
+    broken = Schedule(
+        trace_digest="sha256:t",
+        cost_model=CommModel(workers=1, alpha_us=1.0, beta_us_per_byte=0.0),
+        units=schedule_for(model).units[1:],  # fc3.* uncovered
+        predicted_iteration_us=0.0,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = pace.runtime.wrap(
+            OPTIMIZERS["sgd"](model.parameters()), model, broken, backend="torch", fallback=True
+        )
+        train(model, opt)
+        opt.synchronize()  # type: ignore[attr-defined]
+    assert len(caught) == 1
+    assert "falling back" in str(caught[0].message)
+    assert "fc3" in str(caught[0].message)
+    assert opt.pace_plan.source == "wfbp"  # type: ignore[attr-defined]
+    assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), model.parameters(), strict=True))
+    opt.close()  # type: ignore[attr-defined]
+
+
+class _StuckBackend:
+    """A peer that never shows up: every collective times out."""
+
+    name = "stuck"
+    rank = 3
+    size = 2
+
+    def start(self, buf: Any, name: str) -> Any:
+        return name
+
+    def wait(self, handle: Any, timeout_s: float) -> None:
+        time.sleep(timeout_s)
+        raise CollectiveTimeoutError(f"not finished after {timeout_s:g} s")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_stuck_collective_times_out_naming_unit_and_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime_optimizer, "make_backend", lambda _name: _StuckBackend())
+    model = net()
+    opt = pace.runtime.wrap(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model,
+        schedule_for(model),
+        backend="torch",
+        timeout_s=0.3,
+    )
+    model(torch.randn(4, 6)).sum().backward()
+    opt.step()
+    with pytest.raises(
+        RuntimeReplayError,
+        match=r"rank 3: unit 0 \(fc3\.weight, fc3\.bias\) of iteration 0 did not complete",
+    ):
+        model(torch.randn(4, 6))  # waits for fc1's update, which never comes
+    with pytest.raises(RuntimeReplayError):
+        opt.step()  # the failure stays visible
+    opt.close()  # type: ignore[attr-defined]
+
+
+def test_close_is_idempotent_and_threads_stop() -> None:
+    model = net()
+    opt = pace.runtime.wrap(
+        torch.optim.SGD(model.parameters(), lr=0.1), model, None, backend="torch"
+    )
+    assert {t.name for t in threading.enumerate()} >= {"pace-dispatch", "pace-complete"}
+    opt.close()  # type: ignore[attr-defined]
+    opt.close()  # type: ignore[attr-defined]
