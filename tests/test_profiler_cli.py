@@ -226,3 +226,31 @@ def test_spans_tile_the_pass(gaps: list[tuple[float, float]], data: st.DataObjec
         kept=kept, start=start, end=end, book=book, begin_ns=0.0, end_ns=t, timing="kernel"
     )
     assert sum(kernels) == pytest.approx(sum(e - s for s, e in zip(start, end, strict=True)))
+
+
+@pytest.mark.horovod
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_horovod_benchmark_with_two_real_processes(tmp_path: Path) -> None:
+    pytest.importorskip("horovod.torch", reason="horovod is built by `make horovod`")
+    out = tmp_path / "comm.json"
+    rc = main(
+        [
+            "profile-comm",
+            "--backend",
+            "horovod",
+            "--workers",
+            "2",
+            "--sizes",
+            "4K,1M,16M",
+            "--reps",
+            "3",
+            "-o",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    obj = json.loads(out.read_text())
+    assert obj["backend"] == "horovod"
+    assert [b for b, _ in obj["samples"]] == [4096, 2**20, 16 * 2**20]
+    assert load_comm(out).beta_us_per_byte > 0
