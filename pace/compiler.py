@@ -75,8 +75,9 @@ def compile_trace(
     """Fuse, schedule and measure ``trace`` (see the module docstring).
 
     ``fusion`` is ``"search"`` (default), ``"paper"`` (PACE Alg. 1) or ``"none"``; ``solver`` is
-    ``"exact"`` or ``"lp"`` (on a ``SolverError`` the exact solver is used and a warning
-    recorded). ``bandwidth_gbps`` / ``workers`` compile for a what-if cost model.
+    ``"exact"`` or ``"lp"`` (on a ``SolverError``, or when the LP's schedule replays slower than
+    the exact solver's, the exact one is used and a warning recorded). ``bandwidth_gbps`` and
+    ``workers`` compile for a what-if cost model.
 
     >>> from pace.synth import random_trace
     >>> r = compile_trace(random_trace(seed=2, n_layers=5, alpha_us=30.0))
@@ -104,13 +105,26 @@ def compile_trace(
     stages["fusion"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    sched: Schedule | None = outcome.schedule if solver == "exact" else None
-    if sched is None:
+    exact = outcome.schedule
+    if solver == "exact":
+        sched = exact or schedule(compiled, plan, solver="exact")
+    else:
         try:
             sched = schedule(compiled, plan, solver=solver)
         except SolverError as exc:
             warnings.append(f"solver {solver!r} failed ({type(exc).__name__}: {exc}); used 'exact'")
-            sched = outcome.schedule or schedule(compiled, plan, solver="exact")
+            sched = exact or schedule(compiled, plan, solver="exact")
+        else:
+            # The slotted LP rounds times to whole slots; never ship a schedule that replays
+            # slower than the exact solver's for the same plan.
+            exact = exact or schedule(compiled, plan, solver="exact")
+            if exact.predicted_iteration_us < sched.predicted_iteration_us:
+                warnings.append(
+                    f"the {solver!r} schedule replays {sched.predicted_iteration_us:.1f} us "
+                    "(slot rounding); kept the exact solver's "
+                    f"{exact.predicted_iteration_us:.1f} us"
+                )
+                sched = exact
     stages["schedule"] = time.perf_counter() - t
     # Compile time is the time to the schedule; the bound and the baselines are measurements.
     compile_seconds = time.perf_counter() - t0

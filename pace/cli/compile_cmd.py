@@ -67,10 +67,11 @@ def run(args: argparse.Namespace) -> int:
     from pace.compiler import compile_trace
     from pace.io import load_trace, save_schedule
 
+    fusion = _fusion_method(args)
     trace = load_trace(args.trace)
     result = compile_trace(
         trace,
-        fusion=_fusion_method(args),
+        fusion=fusion,
         solver=args.solver,
         bandwidth_gbps=args.bandwidth_gbps,
         workers=args.workers,

@@ -108,8 +108,13 @@ def fuse(
     """:func:`plan_fusion`, also returning the verified schedule (saves the compiler a solve)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
-    if method == "none" or len(trace.tensors) <= 1:
+    if method == "none":
         return FusionOutcome(plan=FusionPlan.singletons(trace))
+    if len(trace.tensors) <= 1:
+        plan = FusionPlan.singletons(trace)
+        plan = FusionPlan(groups=plan.groups, method=str(method), details={"n_groups": 1})
+        sched = _schedule_exact(trace, plan) if method == "search" else None
+        return FusionOutcome(plan=plan, schedule=sched)
     chain = build_chain(trace)
     cost = ChainOracle(chain=chain, trace=trace, plan_oracle=oracle)
     sweep = sweep_r(chain, cost, maxmin=maxmin, full_enumeration_max=full_enumeration_max)
@@ -140,7 +145,12 @@ def fuse(
     replayed: dict[str, float] = {}
     verified: list[tuple[float, int, FusionPlan, Schedule]] = []
     for rank, cand in enumerate(chosen):
-        plan = chain.plan(cand.starts, method="search", details={})
+        if cand.starts.size == chain.n:
+            # No fusion exactly as `--no-fusion` compiles it (trace order): the scheduler breaks
+            # ties by job order, and the guarantee is "never worse than that".
+            plan = FusionPlan.singletons(trace)
+        else:
+            plan = chain.plan(cand.starts, method="search", details={})
         sched = _schedule_exact(trace, plan)
         replayed[cand.label] = sched.predicted_iteration_us
         verified.append((sched.predicted_iteration_us, rank, plan, sched))

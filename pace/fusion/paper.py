@@ -25,7 +25,7 @@ DP_MAX_TENSORS = 300
 FULL_ENUMERATION_MAX = 400
 _GRID_POINTS = 48
 _ZOOM_POINTS = 8
-_ZOOM_BRACKETS = 3
+_ZOOM_BRACKETS = 6
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

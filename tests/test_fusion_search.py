@@ -1,0 +1,188 @@
+"""Fusion: Alg. 1's R sweep, the oracle search, and the replay guarantees of plan_fusion."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from pace.compiler import apply_what_if
+from pace.fusion import ChainOracle, build_chain, fuse, plan_fusion, sweep_r
+from pace.fusion.maxmin import max_min_bisect
+from pace.fusion.search import local_search, window_partition
+from pace.io import load_trace
+from pace.ir import FusionPlan, Trace
+from pace.lp import reduction, schedule, solve_exact
+from pace.synth import random_trace
+from pace.verify import verify_schedule
+from tests.strategies import traces
+
+TRACES = Path(__file__).resolve().parent.parent / "traces"
+SHIPPED = sorted(TRACES.glob("*.json.gz"))
+
+
+def _tiny_tensor_trace(seed: int, n_layers: int = 40) -> Trace:
+    """Many small tensors and a realistic per-call latency: where fusion pays."""
+    return random_trace(
+        seed=seed,
+        n_layers=n_layers,
+        tensors_per_layer=(2, 5),
+        ops_per_layer=3,
+        alpha_us=40.0,
+        beta_us_per_byte=0.01,
+    )
+
+
+def _covers_once(trace: Trace, plan: FusionPlan) -> None:
+    names = [n for g in plan.groups for n in g]
+    assert sorted(names) == sorted(t.name for t in trace.tensors)
+    assert all(g for g in plan.groups)
+
+
+def _oracle_price(trace: Trace, plan: FusionPlan) -> float:
+    """Independent price of a plan: the lp reduction of the fused trace, solved exactly."""
+    red = reduction(trace, plan)
+    return solve_exact(
+        red.release_us,
+        red.duration_us,
+        red.tail_us,
+        compute_makespan_us=red.compute_makespan_us,
+    ).makespan_us
+
+
+# -- the chain and the oracle ------------------------------------------------------------------
+
+
+@given(trace=traces(max_layers=10))
+def test_chain_is_ready_time_order_and_oracle_matches_the_fused_reduction(trace: Trace) -> None:
+    chain = build_chain(trace)
+    assert sorted(chain.names) == sorted(t.name for t in trace.tensors)
+    assert np.all(np.diff(chain.release_us) >= 0)
+    oracle = ChainOracle(chain=chain, trace=trace)
+    for r in {1, max(1, chain.n // 2), chain.n}:
+        starts = max_min_bisect(chain.size_bytes, r)[1]
+        plan = chain.plan(starts, method="t", details={})
+        assert oracle(starts) == pytest.approx(_oracle_price(trace, plan), rel=1e-12)
+
+
+# -- Alg. 1 ------------------------------------------------------------------------------------
+
+
+@given(trace=traces(max_layers=10))
+def test_paper_picks_the_best_r_by_full_enumeration(trace: Trace) -> None:
+    chain = build_chain(trace)
+    oracle = ChainOracle(chain=chain, trace=trace)
+    sweep = sweep_r(chain, oracle)
+    assert sorted(sweep.costs_us) == list(range(1, chain.n + 1))
+    assert sweep.best_cost_us == min(sweep.costs_us.values())
+    # Alg. 1 line 7: strict <, R ascending -> the smallest R among ties.
+    assert sweep.best_groups == min(r for r, c in sweep.costs_us.items() if c == sweep.best_cost_us)
+    plan = plan_fusion(trace, method="paper")
+    _covers_once(trace, plan)
+    assert len(plan.groups) == sweep.best_groups
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_coarse_to_fine_r_search_equals_full_enumeration(seed: int) -> None:
+    # Chains longer than the 48-point grid, priced by the coarse-to-fine path.
+    trace = _tiny_tensor_trace(seed, n_layers=30)
+    chain = build_chain(trace)
+    assert chain.n > 60
+    oracle = ChainOracle(chain=chain, trace=trace)
+    full = sweep_r(chain, oracle, full_enumeration_max=10**9)
+    coarse = sweep_r(chain, oracle, full_enumeration_max=0)
+    assert len(coarse.costs_us) < chain.n
+    assert coarse.best_cost_us == full.best_cost_us
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_r_search_is_exact_on_shipped_traces(path: Path) -> None:
+    trace = load_trace(path)
+    chain = build_chain(trace)
+    oracle = ChainOracle(chain=chain, trace=trace)
+    full_costs = {}
+    for r in range(1, chain.n + 1):
+        full_costs[r] = oracle(max_min_bisect(chain.size_bytes, r)[1])
+    sweep = sweep_r(chain, oracle, maxmin="bisect")
+    assert sweep.best_cost_us == min(full_costs.values())
+
+
+# -- the search --------------------------------------------------------------------------------
+
+
+@given(trace=traces(max_layers=10))
+@settings(max_examples=40)
+def test_local_search_never_worsens_its_seed(trace: Trace) -> None:
+    chain = build_chain(trace)
+    oracle = ChainOracle(chain=chain, trace=trace)
+    seed = window_partition(chain, max_bytes=float("inf"), max_gap_us=0.0)
+    starts, score, _ = local_search(chain, oracle, seed, max_evaluations=300)
+    assert score == oracle.score(starts)
+    assert score[0] <= oracle(seed) * (1 + 1e-12)
+    assert starts[0] == 0
+    assert np.all(np.diff(starts) > 0)
+
+
+@given(trace=traces(max_layers=12))
+@settings(max_examples=60)
+def test_search_replays_no_worse_than_no_fusion_and_alg1(trace: Trace) -> None:
+    out = fuse(trace, method="search")
+    _covers_once(trace, out.plan)
+    assert out.schedule is not None
+    verify_schedule(out.schedule, trace)
+    fused_us = out.schedule.predicted_iteration_us
+    unfused_us = schedule(trace, FusionPlan.singletons(trace)).predicted_iteration_us
+    paper_us = schedule(trace, plan_fusion(trace, method="paper")).predicted_iteration_us
+    tol = 1e-9 * max(1.0, unfused_us)
+    assert fused_us <= unfused_us + tol
+    assert fused_us <= paper_us + tol
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fusion_pays_with_many_tiny_tensors(seed: int) -> None:
+    trace = _tiny_tensor_trace(seed)
+    out = fuse(trace, method="search")
+    assert out.schedule is not None
+    unfused_us = schedule(trace).predicted_iteration_us
+    assert len(out.plan.groups) < len(trace.tensors)
+    assert out.schedule.predicted_iteration_us < unfused_us
+    assert out.plan.details["chosen"] != "none"
+
+
+def test_plan_oracle_replaces_the_price() -> None:
+    trace = _tiny_tensor_trace(1, n_layers=6)
+    calls: list[int] = []
+
+    def price(t: Trace, plan: FusionPlan) -> float:
+        calls.append(len(plan.groups))
+        return _oracle_price(t, plan)
+
+    plan = plan_fusion(trace, method="paper", oracle=price)
+    assert calls
+    assert plan.details["paper_oracle_us"] == pytest.approx(
+        plan_fusion(trace, method="paper").details["paper_oracle_us"], rel=1e-12
+    )
+
+
+def test_methods_and_edge_cases() -> None:
+    trace = random_trace(seed=4, n_layers=1, tensors_per_layer=(1, 1))
+    for method in ("search", "paper", "none"):
+        assert plan_fusion(trace, method=method).groups == ((trace.tensors[0].name,),)
+    with pytest.raises(ValueError, match="method"):
+        plan_fusion(trace, method="magic")
+    none = plan_fusion(_tiny_tensor_trace(2, 5), method="none")
+    assert all(len(g) == 1 for g in none.groups)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_search_ties_or_beats_alg1_on_shipped_traces(path: Path) -> None:
+    for bandwidth in (None, 1.0):
+        trace = apply_what_if(load_trace(path), bandwidth_gbps=bandwidth)
+        out = fuse(trace, method="search")
+        assert out.schedule is not None
+        paper_us = schedule(trace, plan_fusion(trace, method="paper")).predicted_iteration_us
+        assert out.schedule.predicted_iteration_us <= paper_us * (1 + 1e-9)
+        assert math.isfinite(out.schedule.predicted_iteration_us)
