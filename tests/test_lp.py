@@ -179,7 +179,8 @@ def test_fused_group_units_span_concatenated_bytes() -> None:
     # w3 10-30 (20 B), group 30-46 preempts it, w3 46-56 -> fw.3 ends at 61; fw.1 at 51.
     assert s.predicted_iteration_us == 61.0
     group_units = [u for u in s.units if "w1" in u.tensors]
-    assert len(group_units) == 1 and set(group_units[0].tensors) == {"w1", "w2"}
+    assert len(group_units) == 1
+    assert set(group_units[0].tensors) == {"w1", "w2"}
 
 
 def test_reduction_rejects_lemma1_violation() -> None:
@@ -265,7 +266,9 @@ def test_exact_matches_brute_force(jobs: list[tuple[int, int, int]], compute: in
     done = [0.0] * len(r)
     last_end = 0.0
     for j, s, e in sol.pieces:
-        assert s >= r[j] and e > s - 1e-12 and s >= last_end - 1e-12
+        assert s >= r[j]
+        assert e > s - 1e-12
+        assert s >= last_end - 1e-12
         last_end = e
         done[j] += e - s
     assert done == pytest.approx(p)
@@ -309,11 +312,13 @@ def test_lp_backends_agree_on_fig2(backend: str) -> None:
     inst = slot_instance(red, slot_us=1.0)
     sol = solve_lp(inst, backend=backend)
     assert sol.makespan_slots == 61
-    assert sol.integral and sol.max_fractionality == 0.0
+    assert sol.integral
+    assert sol.max_fractionality == 0.0
     # Certified: 60 slots was tried (or is below the bound) and found infeasible.
     assert (60, False) in sol.history or inst.lower_bound == 61
     hinted = solve_lp(inst, backend=backend, hint_slots=61)
-    assert hinted.makespan_slots == 61 and hinted.solves <= 2
+    assert hinted.makespan_slots == 61
+    assert hinted.solves <= 2
     # The expansion is the slotted largest-tail-first schedule.
     assert sorted(sol.assignment, key=lambda a: a[1]) == [
         (0, 10.0, 10.0),
@@ -350,8 +355,8 @@ def test_missing_solvers_raise(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SolverMissingError, match="scipy"):
         solve_lp(inst, backend="scipy")
     monkeypatch.undo()
+    monkeypatch.setattr(pulp.HiGHS, "available", lambda self: False)
     with pytest.raises(SolverMissingError):
-        monkeypatch.setattr(pulp.HiGHS, "available", lambda self: False)
         schedule(fig2_trace(), solver="lp")
 
 

@@ -77,6 +77,32 @@ def _byte_bounds(size: int, weights: Sequence[float]) -> list[int]:
     return bounds
 
 
+def _anchor_bounds(size: int, a_size: int, bounds: Sequence[int]) -> list[int]:
+    """Cumulative anchor bytes per piece: about proportional, but at least one per piece when
+    the anchor has enough bytes, so that every piece waits for the group's release."""
+    m = len(bounds)
+    rest_total = size - a_size
+    out: list[int] = []
+    prev_a = 0
+    prev_b = 0
+    for k, b in enumerate(bounds, start=1):
+        if k == m:
+            out.append(a_size)
+            break
+        target = (a_size * b) // size
+        # Hard: the piece's anchor share fits the piece, and the rest fits the other members.
+        hard_lo = max(prev_a, b - rest_total)
+        hard_hi = min(prev_a + (b - prev_b), a_size)
+        # Soft: one anchor byte here, and one left for each later piece.
+        soft_lo = max(hard_lo, prev_a + 1)
+        soft_hi = min(hard_hi, a_size - (m - k))
+        lo, hi = (soft_lo, soft_hi) if soft_lo <= soft_hi else (hard_lo, hard_hi)
+        a = min(max(target, lo), hi)
+        out.append(a)
+        prev_a, prev_b = a, b
+    return out
+
+
 def units_from_pieces(red: Reduction, pieces: Sequence[PlanPiece]) -> tuple[Unit, ...]:
     """Schedule units for ``pieces``; every tensor's bytes are covered exactly once.
 
@@ -108,10 +134,15 @@ def units_from_pieces(red: Reduction, pieces: Sequence[PlanPiece]) -> tuple[Unit
             acc += msize[i]
         prev_b = 0
         prev_a = 0
+        kept: list[tuple[float, int]] = []
+        last_b = 0
         for (start, _), b in zip(plan, bounds, strict=True):
-            if b == prev_b:
-                continue
-            a = a_size if b == size else (a_size * b) // size
+            if b > last_b:
+                kept.append((start, b))
+                last_b = b
+        for (start, b), a in zip(
+            kept, _anchor_bounds(size, a_size, [b for _, b in kept]), strict=True
+        ):
             slices: list[tuple[int, Slice]] = []
             if a > prev_a:
                 slices.append(
@@ -215,8 +246,27 @@ def exact_pieces(
 def _candidate(
     red: Reduction, comm: CommModel, name: str, pieces: Sequence[PlanPiece]
 ) -> Candidate:
-    pieces = tuple(pieces)
+    pieces = _sanitize(red, tuple(pieces))
     return Candidate(name=name, pieces=pieces, replay_us=replay_pieces_us(red, comm, pieces))
+
+
+def _sanitize(red: Reduction, pieces: tuple[PlanPiece, ...]) -> tuple[PlanPiece, ...]:
+    """Merge the pieces of a fused group whose anchor has fewer bytes than the group has pieces.
+
+    Such a piece would carry no byte of the anchor, become ready before the group's release,
+    and a work-conserving replay could start it early, in front of jobs it was planned after.
+    """
+    counts: dict[int, int] = {}
+    for j, _, _ in pieces:
+        counts[j] = counts.get(j, 0) + 1
+    timing = red.tensors
+    for j, c in counts.items():
+        if c > 1 and len(red.jobs[j]) > 1:
+            members = [timing.index[name] for name in red.jobs[j]]
+            anchor = max(members, key=lambda k: (timing.release_us[k], timing.size_bytes[k]))
+            if int(timing.size_bytes[anchor]) < c:
+                pieces = merge_pieces(pieces, j, at="first")
+    return pieces
 
 
 def replay_pieces_us(red: Reduction, comm: CommModel, pieces: Sequence[PlanPiece]) -> float:
