@@ -71,15 +71,16 @@ class ThreadBroadcast:
         return bcast
 
 
-def _stats_with_beta(beta: float, n: int) -> ObservedStats:
+def _stats_with_beta(beta: float, n: int, times: list[float] | None = None) -> ObservedStats:
+    recent = times[-n:] if times else [1000.0] * n
     return ObservedStats(
         iterations=tuple(
             IterationStats(
                 iteration=i,
-                iteration_us=1000.0,
+                iteration_us=t,
                 unit_samples=((1000, 10.0 + beta * 1000), (100_000, 10.0 + beta * 100_000)),
             )
-            for i in range(n)
+            for i, t in enumerate(recent)
         )
     )
 
@@ -182,6 +183,33 @@ def test_controller_keeps_plan_when_gain_small_or_compile_fails() -> None:
     ctl.replanner.close()
 
 
+@pytest.mark.parametrize("calibrate", [True, False])
+def test_biased_model_fires_once_when_calibrated(calibrate: bool) -> None:
+    # The model predicts 1000 us, reality is a steady 1150 us (a biased model, no drift).
+    times: list[float] = []
+    trace = random_trace(seed=8, n_layers=3)
+    ctl: DriftController[str] = DriftController(
+        trace=trace,
+        plan="only",
+        predicted_iteration_us=1000.0,
+        replanner=Replanner(compile_fn=lambda t: "only", predict_fn=lambda t, p: 1000.0),
+        observed=lambda n: _stats_with_beta(0.001, n, times),
+        trigger_options=TriggerOptions(consecutive=3, cooldown_iterations=5),
+        synchronous=True,
+        calibrate=calibrate,
+    )
+    for _ in range(200):
+        times.append(1150.0)
+        ctl.step(1150.0)
+    fired = [e for e in ctl.events if e.kind == "fired"]
+    if calibrate:
+        assert len(fired) == 1
+        assert ctl.trigger.reference_us == pytest.approx(1150.0)
+    else:
+        assert len(fired) > 10  # fires every cool-down: the failure calibration prevents
+    ctl.replanner.close()
+
+
 def test_switch_message_round_trip_and_garbage() -> None:
     trace = random_trace(seed=4, n_layers=3)
     sched = _schedule(trace, [t.name for t in trace.tensors], "a")
@@ -212,6 +240,7 @@ def _run_ranks(
     names = [t.name for t in trace.tensors]
     initial = _schedule(trace, names, "initial")
     bcast = ThreadBroadcast(ranks)
+    rank0_times: list[float] = []
     logs: list[list[tuple[str, ...]]] = [[] for _ in range(ranks)]
     protos = [
         SwitchProtocol(rank=r, broadcast_bytes=bcast.for_rank(r), sync_every=sync_every, lag=lag)
@@ -222,7 +251,7 @@ def _run_ranks(
         plan=initial,
         predicted_iteration_us=1000.0,
         replanner=Replanner(compile_fn=compile_fn, predict_fn=_predict),
-        observed=lambda n: _stats_with_beta(0.003, n),
+        observed=lambda n: _stats_with_beta(0.003, n, rank0_times),
         trigger_options=TriggerOptions(consecutive=5, cooldown_iterations=10),
     )
     errors: list[BaseException] = []
@@ -239,6 +268,7 @@ def _run_ranks(
                     # Bandwidth halves at iteration 100: the initial schedule slows down by 40%.
                     observed_us = 1000.0 if it < 100 else _predict(trace, sched)
                     observed_us *= 1 + rng.uniform(-0.02, 0.02)
+                    rank0_times.append(observed_us)
                     accepted = ctl.step(observed_us)
                     if accepted is not None:
                         protos[0].propose(accepted)
@@ -307,3 +337,27 @@ def test_only_root_proposes() -> None:
     trace = random_trace(seed=7, n_layers=2)
     with pytest.raises(ValueError, match="only rank 0"):
         proto.propose(_schedule(trace, [t.name for t in trace.tensors], "x"))
+
+
+def test_jitter_predictor_averages_over_deterministic_worlds() -> None:
+    from pace.drift.replan import JitterPredictor
+
+    trace = random_trace(seed=9, n_layers=4)
+    seen: list[float] = []
+
+    def predict(t: Trace, plan: str) -> float:
+        seen.append(t.comm.beta_us_per_byte)
+        return t.comm.beta_us_per_byte / trace.comm.beta_us_per_byte
+
+    assert JitterPredictor(predict, compute_sd=0.0, comm_sd=0.0, samples=1)(trace, "p") == 1.0
+    jp = JitterPredictor(predict, compute_sd=0.02, comm_sd=0.05, samples=8, seed=4)
+    seen.clear()
+    a = jp(trace, "p")
+    first = list(seen)
+    assert len(first) == 8
+    assert first[0] == trace.comm.beta_us_per_byte  # the noise-free world is one of them
+    assert len(set(first)) == 8
+    assert jp(trace, "p") == a  # same seed, same worlds
+    assert a == pytest.approx(1.0, abs=0.1)
+    with pytest.raises(ValueError, match="samples"):
+        JitterPredictor(predict, compute_sd=0.0, comm_sd=0.0, samples=0)

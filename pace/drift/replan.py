@@ -39,6 +39,7 @@ __all__ = [
     "Candidate",
     "DriftController",
     "DriftEvent",
+    "JitterPredictor",
     "ReplanError",
     "Replanner",
     "SwitchProtocol",
@@ -70,6 +71,67 @@ def predict_schedule(trace: Trace, schedule: Schedule) -> float:
     from pace.sim import schedule_policy, simulate
 
     return float(simulate(trace, schedule_policy(schedule)).iteration_us)
+
+
+class JitterPredictor(Generic[P]):
+    """Mean predicted time over jittered copies of the trace (a robust ``predict_fn``).
+
+    An optimal preemptive schedule is timed: its partitions end where later, more urgent
+    gradients are released. A few percent of jitter moves the releases, a planned preemption
+    misses, and a large unit blocks the urgent one (measured: a 20-layer trace flips between
+    43 ms and 48 ms per iteration with 0.5% compute jitter). Judging a switch on the noise-free
+    replay then adopts fragile schedules; averaging over ``samples`` worlds with per-phase
+    compute factors (sd ``compute_sd``) and a comm factor (sd ``comm_sd``) — the dispersion the
+    monitor observes — compares plans as they will actually run. Deterministic (fixed seed).
+    """
+
+    def __init__(
+        self,
+        predict: Callable[[Trace, P], float],
+        *,
+        compute_sd: float,
+        comm_sd: float,
+        samples: int = 12,
+        seed: int = 0,
+    ) -> None:
+        if samples < 1:
+            raise ValueError(f"samples must be >= 1, got {samples}")
+        if compute_sd < 0 or comm_sd < 0:
+            raise ValueError("jitter standard deviations must be >= 0")
+        self._predict = predict
+        self.compute_sd = compute_sd
+        self.comm_sd = comm_sd
+        self.samples = samples
+        self.seed = seed
+
+    def worlds(self, trace: Trace) -> list[Trace]:
+        import dataclasses
+        import random
+
+        rng = random.Random(self.seed)
+        out = [trace]
+        for _ in range(self.samples - 1):
+            fw = max(0.5, rng.gauss(1.0, self.compute_sd))
+            bw = max(0.5, rng.gauss(1.0, self.compute_sd))
+            cm = max(0.5, rng.gauss(1.0, self.comm_sd))
+            ops = tuple(
+                dataclasses.replace(op, duration_us=op.duration_us * fw)
+                if op.phase == "forward"
+                else dataclasses.replace(op, duration_us=op.duration_us * bw)
+                if op.phase == "backward"
+                else op
+                for op in trace.ops
+            )
+            comm = dataclasses.replace(
+                trace.comm,
+                alpha_us=trace.comm.alpha_us * cm,
+                beta_us_per_byte=trace.comm.beta_us_per_byte * cm,
+            )
+            out.append(dataclasses.replace(trace, ops=ops, comm=comm))
+        return out
+
+    def __call__(self, trace: Trace, plan: P) -> float:
+        return sum(self._predict(w, plan) for w in self.worlds(trace)) / self.samples
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -195,6 +257,14 @@ class DriftController(Generic[P]):
     it is called only when the trigger fires. ``step`` returns a new plan when one has been
     accepted (predicted gain above the trigger's threshold), else None. The caller then
     distributes it (``SwitchProtocol.propose``) and switches at the agreed boundary.
+
+    Calibration: the simulator's prediction of a plan can be biased against reality (jitter
+    makes a timed schedule's preemption points miss, the replay model is ideal compute, ...).
+    If the trigger's band were centred on the raw prediction, a biased model would fire every
+    cool-down forever. So after each re-estimation the band is centred on the *calibrated*
+    prediction ``predicted * (observed median / current plan's prediction on the estimate)``:
+    the observed operating point if the plan is kept, the candidate scaled by the same bias if
+    it is adopted. ``calibrate=False`` uses raw predictions.
     """
 
     def __init__(
@@ -208,6 +278,7 @@ class DriftController(Generic[P]):
         trigger_options: TriggerOptions | None = None,
         estimate_options: EstimateOptions | None = None,
         synchronous: bool = False,
+        calibrate: bool = True,
     ) -> None:
         self.base_trace = trace
         self.plan = plan
@@ -218,6 +289,8 @@ class DriftController(Generic[P]):
         self._observed = observed
         self._estimate_options = estimate_options
         self._synchronous = synchronous
+        self._calibrate = calibrate
+        self._observed_us = 0.0
         self.events: list[DriftEvent] = []
         self.estimated_trace: Trace = trace
         self._iteration = -1
@@ -233,14 +306,14 @@ class DriftController(Generic[P]):
             # would let the median see the old one.
             stats = self._observed(min(k, window))
             try:
-                new_trace = apply_estimate(
-                    self.base_trace, estimate(self.base_trace, stats, self._estimate_options)
-                )
+                est = estimate(self.base_trace, stats, self._estimate_options)
+                new_trace = apply_estimate(self.base_trace, est)
             except InputError as exc:
                 self.trigger.abandon()
                 self.events.append(DriftEvent(iteration=it, kind="failed", detail=str(exc)))
                 return None
             self.estimated_trace = new_trace
+            self._observed_us = est.observed_iteration_us
             self.replanner.submit(new_trace, self.plan)
             if self._synchronous:
                 # Simulations and the offline path: compile now, as if it took no iterations.
@@ -256,9 +329,12 @@ class DriftController(Generic[P]):
             return None
         if cand is None:
             return None
+        bias = 1.0
+        if self._calibrate and self._observed_us > 0 and cand.current_us > 0:
+            bias = self._observed_us / cand.current_us
         if self.trigger.should_switch(current_us=cand.current_us, candidate_us=cand.candidate_us):
             self.plan = cand.plan
-            self.trigger.resolve(reference_us=cand.candidate_us)
+            self.trigger.resolve(reference_us=cand.candidate_us * bias)
             self.events.append(
                 DriftEvent(
                     iteration=it,
@@ -268,7 +344,7 @@ class DriftController(Generic[P]):
                 )
             )
             return cand.plan
-        self.trigger.resolve(reference_us=cand.current_us)
+        self.trigger.resolve(reference_us=cand.current_us * bias)
         self.events.append(
             DriftEvent(
                 iteration=it,
