@@ -229,7 +229,12 @@ def test_kineto_and_pace_durations_agree() -> None:
     iters, warmup = 4, 1
     with kineto(activities=[ProfilerActivity.CPU]) as prof:
         trace = profile(
-            model, lambda m: m(x).square().mean(), iters=iters, warmup=warmup, timing="kernel"
+            model,
+            lambda m: m(x).square().mean(),
+            iters=iters,
+            warmup=warmup,
+            timing="kernel",
+            calibrate=0,  # only the recorded iterations inside Kineto's window
         )
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     by_kind: dict[str, list[float]] = collections.defaultdict(list)
@@ -266,6 +271,9 @@ def test_span_timing_adds_up_to_the_passes() -> None:
     # Backward spans tile the measured backward wall time (medians of sums vs sums of medians
     # differ a little, hence the loose bound; this checks bookkeeping, not speed).
     assert 0.5 * trace.meta["backward_wall_us"] <= bw <= 1.5 * trace.meta["backward_wall_us"]
+    # The un-instrumented passes are recorded so the profiler's overhead can be read off.
+    assert trace.meta["uninstrumented_forward_us"] > 0
+    assert trace.meta["uninstrumented_backward_us"] > 0
 
 
 # --- bad input ----------------------------------------------------------------------------------
@@ -353,3 +361,54 @@ def test_cuda_event_clock_path_runs_with_a_stand_in() -> None:
     assert len(synced) == 3
     _, host = _cnn_trace()
     assert [(o.name, o.deps) for o in trace.ops] == [(o.name, o.deps) for o in host.ops]
+
+
+def _producers(model: nn.Module, step: object, *, accumulate_hook: bool) -> dict[str, str]:
+    from pace.ir import CommModel
+    from pace.profiler.clock import HostClock
+    from pace.profiler.record import Recorder
+    from pace.profiler.window import ParamInfo, build_window
+
+    records = []
+    with Recorder(model, HostClock(), accumulate_hook=accumulate_hook) as rec:
+        for _ in range(2):
+            for p in model.parameters():
+                p.grad = None
+            records.append(rec.iteration(lambda: step(model), None))  # type: ignore[operator]
+    assert bool(records[-1].grad_ready) == accumulate_hook
+    params = [
+        ParamInfo(name=n, size_bytes=p.numel() * p.element_size())
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    ]
+    trace = build_window(
+        records,
+        params=params,
+        comm=CommModel(workers=2, alpha_us=0.0, beta_us_per_byte=1.0),
+        model_name="m",
+    )
+    verify_trace(trace)
+    return {t.name: t.producer for t in trace.tensors}
+
+
+def test_graph_fallback_finds_the_same_producers_as_the_accumulate_hook() -> None:
+    """Without register_post_accumulate_grad_hook (torch < 2.1) the autograd graph decides."""
+    torch.manual_seed(0)
+    cnn = SmallCNN()
+    x = torch.randn(2, 3, 8, 8)
+
+    def cnn_step(m: nn.Module) -> torch.Tensor:
+        out: torch.Tensor = m(x).square().mean()
+        return out
+
+    gpt = TinyGPT(vocab=30, d_model=8, n_layers=1, n_heads=2)
+    tokens = torch.randint(0, 30, (2, 5))
+
+    def gpt_step(m: nn.Module) -> torch.Tensor:
+        out: torch.Tensor = m(tokens).logsumexp(-1).mean()
+        return out
+
+    for model, step in ((cnn, cnn_step), (gpt, gpt_step)):
+        hooked = _producers(model, step, accumulate_hook=True)
+        fallback = _producers(model, step, accumulate_hook=False)
+        assert fallback == hooked

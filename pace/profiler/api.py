@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from pace.errors import InputError
@@ -37,6 +39,7 @@ def profile(
     order_edges: bool = True,
     name: str | None = None,
     progress: bool = False,
+    calibrate: int = 2,
     clock: Clock | None = None,
     meta: Mapping[str, Any] | None = None,
 ) -> Trace:
@@ -53,7 +56,9 @@ def profile(
     the next op (ops add up to the measured pass time, Python overhead included);
     ``"kernel"`` only the time inside the op, as ``torch.profiler`` reports it.
     ``comm`` is the all-reduce cost model to embed (default: a ring what-if, 8 workers, 10 Gbps).
-    ``progress=True`` shows a progress bar on stderr.
+    ``progress=True`` shows a progress bar on stderr. ``calibrate`` more iterations run without
+    instrumentation; their pass times go to ``meta["uninstrumented_*_us"]`` so the profiler's own
+    overhead is visible (host clock; not used to rescale anything).
 
     Raises ``InputError`` for a model without trainable parameters, a step function that raises
     or does not return a differentiable scalar, and bad options.
@@ -64,6 +69,8 @@ def profile(
         raise InputError(f"must be >= 0, got {warmup}", where="profile", field="warmup")
     if timing not in ("span", "kernel"):
         raise InputError(f"must be 'span' or 'kernel', got {timing!r}", field="timing")
+    if calibrate < 0:
+        raise InputError(f"must be >= 0, got {calibrate}", where="profile", field="calibrate")
     if threads is not None and threads < 1:
         raise InputError(f"must be >= 1, got {threads}", where="profile", field="threads")
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -107,6 +114,7 @@ def profile(
                 if it >= warmup:
                     records.append(record)
                 bar.update(1)
+        plain = [_plain_iteration(model, step_fn, trainable, optimizer) for _ in range(calibrate)]
     finally:
         if threads is not None:
             torch.set_num_threads(old_threads)
@@ -136,6 +144,9 @@ def profile(
         "parameters": sum(int(p.numel()) for _, p in trainable),
         "parameters_without_grad": [n for n, p in trainable if p.grad is None],
     }
+    if plain:
+        base_meta["uninstrumented_forward_us"] = float(np.median([f for f, _ in plain]))
+        base_meta["uninstrumented_backward_us"] = float(np.median([b for _, b in plain]))
     base_meta.update(meta or {})
     return build_window(
         records,
@@ -147,6 +158,33 @@ def profile(
         subtract_bookkeeping=clk.name == "host",
         meta=base_meta,
     )
+
+
+def _plain_iteration(
+    model: torch.nn.Module,
+    step_fn: StepFn,
+    trainable: list[tuple[str, torch.nn.Parameter]],
+    optimizer: torch.optim.Optimizer | None,
+) -> tuple[float, float]:
+    """(forward_us, backward_us) of one iteration without any instrumentation (host clock)."""
+    for _, p in trainable:
+        p.grad = None
+    on_cuda = _device_of(model).startswith("cuda")
+
+    def sync() -> None:
+        if on_cuda:
+            torch.cuda.synchronize()
+
+    t0 = time.perf_counter()
+    loss = _call_step(step_fn, model)
+    sync()
+    t1 = time.perf_counter()
+    loss.backward()  # type: ignore[no-untyped-call]
+    sync()
+    t2 = time.perf_counter()
+    if optimizer is not None:
+        optimizer.step()
+    return (t1 - t0) * 1e6, (t2 - t1) * 1e6
 
 
 def _call_step(step_fn: StepFn, model: torch.nn.Module) -> torch.Tensor:

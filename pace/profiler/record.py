@@ -372,7 +372,9 @@ def _walk_graph(
 class Recorder:
     """Records iterations of one model; create once, call ``iteration`` repeatedly."""
 
-    def __init__(self, model: torch.nn.Module, clock: Clock) -> None:
+    def __init__(
+        self, model: torch.nn.Module, clock: Clock, *, accumulate_hook: bool | None = None
+    ) -> None:
         self.model = model
         self.clock = clock
         self.params: dict[str, torch.nn.Parameter] = dict(model.named_parameters())
@@ -381,7 +383,11 @@ class Recorder:
         self.module_names: dict[int, str] = {id(m): n for n, m in model.named_modules() if n}
         self._hooks: _BackwardHooks | None = None
         self._handles: list[Any] = []
-        self.has_accumulate_hook = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+        # torch < 2.1 lacks the hook; ``accumulate_hook=False`` forces the graph fallback (tests).
+        available = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+        self.has_accumulate_hook = (
+            available if accumulate_hook is None else (accumulate_hook and available)
+        )
 
     def __enter__(self) -> Recorder:
         if self.has_accumulate_hook:
