@@ -17,7 +17,7 @@ from pace.sim import (
     simulate,
     units_policy,
 )
-from pace.sim.policies import ddp, horovod, p3, partition_units
+from pace.sim.policies import bytescheduler, ddp, horovod, p3, partition_units
 from pace.sim.prepared import prepare
 
 
@@ -138,11 +138,50 @@ def test_credit_two_shares_the_bandwidth() -> None:
 
 
 def test_bytescheduler_defaults_on_tiny() -> None:
-    # Partition 32 MB (whole tensors), credit 64 MB / 32 MB = 2 units: as the credit test, 39.
+    # Partition 32 MB (whole tensors), credit 64 MB / 32 MB = 2 units: the credit-2 sharing of
+    # the test above, 39. The byte-window model admits both too: same.
     res = simulate(tiny(), "bytescheduler")
     assert res.options.credit == 2
+    assert res.options.credit_bytes is None
+    assert res.iteration_us == pytest.approx(39)
+    res = simulate(tiny(), bytescheduler(window="bytes"))
+    assert res.options.credit is None
+    assert res.options.credit_bytes == 64_000_000
     assert res.options.barrier is False
     assert res.iteration_us == pytest.approx(39)
+
+
+TINY_FIFO_UNITS = (
+    Unit(priority=0, slices=(sl("layer2.weight", 0, 20),)),
+    Unit(priority=1, slices=(sl("layer1.weight", 0, 4),)),
+)
+
+
+def test_byte_window_holds_back_a_unit_while_the_bytes_in_flight_reach_it() -> None:
+    # Window 10 bytes: layer2 (20 bytes) starts at 10 (nothing in flight) and fills it; layer1
+    # (ready 20) waits for it: 30-34; fw.layer1 34-39, fw.layer2 39-44.
+    res = simulate(tiny(), units_policy(TINY_FIFO_UNITS), options=SimOptions(credit_bytes=10))
+    assert res.unit_start_us == (10, 30)
+    assert res.iteration_us == 44
+    # Window 21 bytes: 20 in flight < 21, so layer1 joins at 20 and they share: 39.
+    res = simulate(tiny(), units_policy(TINY_FIFO_UNITS), options=SimOptions(credit_bytes=21))
+    assert res.unit_start_us == (10, 20)
+    assert res.iteration_us == pytest.approx(39)
+    # A unit cap on top of the window: credit 1 wins.
+    res = simulate(
+        tiny(), units_policy(TINY_FIFO_UNITS), options=SimOptions(credit_bytes=21, credit=1)
+    )
+    assert res.iteration_us == 44
+
+
+def test_bytescheduler_small_window_on_tiny() -> None:
+    # 4-byte pieces, 8-byte window. layer order: layer1 first. At 10 layer2's five pieces are
+    # ready: two start (8 bytes in flight), sharing: both done at 18; two more 18-26; at 20 layer1
+    # is ready but the window is full until 26: then layer1 and layer2's last piece share,
+    # both done at 34. fw.layer1 34-39, fw.layer2 39-44.
+    res = simulate(tiny(), bytescheduler(partition_bytes=4, credit_bytes=8, window="bytes"))
+    assert res.tensor_done_us == pytest.approx((34, 34))
+    assert res.iteration_us == pytest.approx(44)
 
 
 def test_p3_slices_let_the_first_layer_jump_ahead() -> None:

@@ -30,7 +30,12 @@ def run_json(args: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, o
 def test_simulate_policy_json(tiny_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = run_json(["simulate", str(tiny_path), "--policy", "fifo", "--json"], capsys)
     assert out["iteration_us"] == 44
-    assert out["options"] == {"credit": 1, "barrier": True, "one_compute_stream": False}
+    assert out["options"] == {
+        "credit": 1,
+        "barrier": True,
+        "one_compute_stream": False,
+        "credit_bytes": None,
+    }
 
 
 def test_simulate_options(tiny_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -144,3 +149,15 @@ def test_shipped_tiny_files_replay_as_worked_out(capsys: pytest.CaptureFixture[s
     assert out["matches_prediction"] is True
     out = run_json(["simulate", trace, "--policy", "fifo", "--no-barrier", "--json"], capsys)
     assert out["iteration_us"] == 44
+
+
+def test_simulate_byte_window(tiny_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # tictac on tiny with a 10-byte window: layer2 fills it, layer1 waits: 44 (see
+    # test_byte_window_holds_back_a_unit_while_the_bytes_in_flight_reach_it); 21 bytes: 39.
+    args = ["simulate", str(tiny_path), "--policy", "tictac", "--json"]
+    out = run_json([*args, "--credit-bytes", "10", "--credit", "4"], capsys)
+    assert out["iteration_us"] == 44
+    out = run_json([*args, "--credit-bytes", "21", "--credit", "4"], capsys)
+    assert out["iteration_us"] == pytest.approx(39)
+    assert main([*args, "--credit-bytes", "0"]) == 2
+    assert "--credit-bytes" in capsys.readouterr().err

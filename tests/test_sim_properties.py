@@ -201,3 +201,17 @@ def test_every_policy_runs_on_one_compute_stream(trace: Trace, barrier: bool) ->
         assert res.iteration_us >= serial_us - EPS, name
         assert all(math.isfinite(d) for d in res.tensor_done_us), name
         assert close(res.iteration_us, max([*res.op_finish_us, *res.unit_finish_us])), name
+
+
+@settings(max_examples=40)
+@given(traces(), st.integers(1, 1 << 26), st.sampled_from([None, 2, 3]))
+def test_byte_window_fast_path_equals_event_loop(
+    trace: Trace, window: int, credit: int | None
+) -> None:
+    pol = bytescheduler(partition_bytes=1 << 20, credit_bytes=window, window="bytes")
+    opts = SimOptions(credit=credit)
+    fast = simulate(trace, pol, options=opts)
+    slow = _simulate(trace, pol, options=opts, force_event_loop=True)
+    assert close(fast.iteration_us, slow.iteration_us)
+    assert all(close(a, b) for a, b in zip(fast.unit_start_us, slow.unit_start_us, strict=True))
+    assert fast.iteration_us >= compute_critical_path_us(trace) - EPS

@@ -97,7 +97,16 @@ def run(args: argparse.Namespace) -> int:
     table_rows: list[list[Any]] = []
     for name, p in policies.items():
         opts = p["options"]
-        mode = f"credit={opts['credit']}" + (" barrier" if opts["barrier"] else "")
+        parts = []
+        if opts["credit"] is not None:
+            parts.append(f"credit={opts['credit']}")
+        if opts["credit_bytes"] is not None:
+            window = opts["credit_bytes"]
+            shown = f"{window / 1e6:.3g}MB" if window >= 1e6 else f"{window / 1e3:.3g}KB"
+            parts.append(f"window={shown}")
+        if opts["barrier"]:
+            parts.append("barrier")
+        mode = " ".join(parts)
         if opts["one_compute_stream"]:
             mode += " 1-stream"
         table_rows.append(

@@ -2,8 +2,9 @@
 
 Prints the iteration time (``--json``: one object with at least ``iteration_us``). Options
 change the simulator's mode (DESIGN.md: the default is the contract's replay semantics):
-``--credit N`` units in flight sharing the bandwidth, ``--barrier`` (the next forward waits for
-all communication), ``--one-compute-stream`` (ops serialised). ``--no-barrier`` etc. override a
+``--credit N`` units in flight sharing the bandwidth, ``--credit-bytes B`` a byte window,
+``--barrier`` (the next forward waits for all communication), ``--one-compute-stream`` (ops
+serialised). ``--no-barrier`` etc. override a
 policy's own default (``fifo``, ``horovod`` and ``ddp`` default to a barrier).
 """
 
@@ -33,6 +34,12 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="units in flight at once, sharing the bandwidth (default: the policy's, else 1)",
+    )
+    p.add_argument(
+        "--credit-bytes",
+        type=int,
+        metavar="B",
+        help="byte window: start another unit only while fewer bytes are in flight",
     )
     p.add_argument(
         "--barrier",
@@ -80,7 +87,10 @@ def sim_options(args: argparse.Namespace) -> Any:
 
     try:
         return SimOptions(
-            credit=args.credit, barrier=args.barrier, one_compute_stream=args.one_compute_stream
+            credit=args.credit,
+            barrier=args.barrier,
+            one_compute_stream=args.one_compute_stream,
+            credit_bytes=args.credit_bytes,
         )
     except InputError as exc:
         raise InputError(exc.detail, where=f"--{exc.field.replace('_', '-')}") from None
@@ -99,6 +109,7 @@ def result_summary(res: Any) -> dict[str, Any]:
             "credit": res.options.credit,
             "barrier": res.options.barrier,
             "one_compute_stream": res.options.one_compute_stream,
+            "credit_bytes": res.options.credit_bytes,
         },
         "knobs": dict(res.knobs),
     }
@@ -143,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
         ("units", len(res.units)),
         (
             "options",
-            f"credit={res.options.credit} barrier={res.options.barrier} "
+            f"credit={res.options.credit} credit_bytes={res.options.credit_bytes} "
+            f"barrier={res.options.barrier} "
             f"one_compute_stream={res.options.one_compute_stream}",
         ),
     ]

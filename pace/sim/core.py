@@ -48,6 +48,9 @@ class SimOptions:
     unlimited parallel compute. An explicit value always wins over the policy's default.
 
     * ``credit``: units in flight at once, sharing the bandwidth equally (processor sharing).
+    * ``credit_bytes``: a byte window on top (ByteScheduler's credit): another unit may start
+      only while the bytes in flight are below it; the unit that crosses it still starts. With
+      ``credit_bytes`` set and ``credit`` unset, the unit count is unlimited.
     * ``barrier``: the next iteration's forward ops wait for ALL communication to finish, as
       Horovod's ``synchronize()`` before ``optimizer.step()`` and DDP's backward do.
     * ``one_compute_stream``: ops run one at a time on one stream; a free stream starts the
@@ -57,12 +60,13 @@ class SimOptions:
     credit: int | None = None
     barrier: bool | None = None
     one_compute_stream: bool | None = None
+    credit_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        if self.credit is not None and (
-            isinstance(self.credit, bool) or not isinstance(self.credit, int) or self.credit < 1
-        ):
-            raise InputError(f"must be an integer >= 1, got {self.credit!r}", field="credit")
+        for name in ("credit", "credit_bytes"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise InputError(f"must be an integer >= 1, got {v!r}", field=name)
         for name in ("barrier", "one_compute_stream"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, bool):
@@ -78,11 +82,19 @@ class SimOptions:
                 if self.one_compute_stream is not None
                 else defaults.one_compute_stream
             ),
+            credit_bytes=(
+                self.credit_bytes if self.credit_bytes is not None else defaults.credit_bytes
+            ),
         )
 
     def resolved(self) -> SimOptions:
-        """Every field set: unset ones take the contract's default."""
-        return self.over(SimOptions(credit=1, barrier=False, one_compute_stream=False))
+        """Unset fields take the contract's default. ``credit`` stays unset (unlimited units)
+        only under a byte window; ``credit_bytes`` stays unset when there is none.
+        """
+        base = self.over(SimOptions(barrier=False, one_compute_stream=False))
+        if base.credit is None and base.credit_bytes is None:
+            return base.over(SimOptions(credit=1))
+        return base
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -301,16 +313,17 @@ def _simulate(
     pol = resolve_policy(policy)
     plan = pol.build(prep, options)
     opts = options.over(plan.defaults).resolved()
-    credit = opts.credit if opts.credit is not None else 1
+    credit = opts.credit
+    credit_bytes = opts.credit_bytes
     barrier = bool(opts.barrier)
     serial = bool(opts.one_compute_stream)
 
     ch: engine.Channel
     if plan.cycle_fusion is not None:
-        if credit != 1:
+        if credit != 1 or credit_bytes is not None:
             raise InputError(
                 f"policy {pol.name!r} runs its units one at a time; credit must be 1",
-                field="credit",
+                field="credit_bytes" if credit_bytes is not None else "credit",
             )
         ch = engine.CycleFusionChannel(
             prep,
@@ -322,7 +335,7 @@ def _simulate(
     else:
         assert plan.units is not None
         cu = _compiled(prep, plan.units, plan.in_order)
-        ch = engine.StaticChannel(cu, credit)
+        ch = engine.StaticChannel(cu, credit, credit_bytes)
 
     cache: dict[str, Any] = {}
     if serial or force_event_loop:
@@ -335,9 +348,10 @@ def _simulate(
     else:
         if cu is not None:
             if credit == 1:
+                # A byte window never binds with one unit in flight.
                 ustart, ufinish = engine.serial_static_replay(cu)
             else:
-                ustart, ufinish = engine.shared_static_replay(cu, credit)
+                ustart, ufinish = engine.shared_static_replay(cu, credit, credit_bytes)
             units = cu.units
             done = [max(ufinish[u] for u in owners) for owners in cu.units_of_tensor]
         else:

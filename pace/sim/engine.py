@@ -38,6 +38,7 @@ class CompiledUnits:
     units: tuple[Unit, ...]
     priority: list[float]
     cost_us: list[float]
+    size_bytes: list[int]
     # Distinct tensor indices per unit.
     tensors: list[tuple[int, ...]]
     # Per tensor: the units carrying it.
@@ -63,6 +64,7 @@ def compile_units(
     units_of_tensor: list[list[int]] = [[] for _ in prep.tensor_names]
     priority: list[float] = []
     cost: list[float] = []
+    sizes: list[int] = []
     tensors: list[tuple[int, ...]] = []
     ready: list[float] = []
     for u, unit in enumerate(units):
@@ -85,6 +87,7 @@ def compile_units(
         tensors.append(distinct)
         priority.append(float(unit.priority))
         cost.append(alpha + beta * size)
+        sizes.append(size)
         ready.append(max(release[k] for k in distinct))
     for k, owners in enumerate(units_of_tensor):
         if not owners:
@@ -101,6 +104,7 @@ def compile_units(
         units=tuple(units),
         priority=priority,
         cost_us=cost,
+        size_bytes=sizes,
         tensors=tensors,
         units_of_tensor=units_of_tensor,
         ready_us=ready,
@@ -142,8 +146,14 @@ def serial_static_replay(cu: CompiledUnits) -> tuple[list[float], list[float]]:
     return start, finish
 
 
-def shared_static_replay(cu: CompiledUnits, credit: int) -> tuple[list[float], list[float]]:
+def shared_static_replay(
+    cu: CompiledUnits, credit: int | None, credit_bytes: int | None = None
+) -> tuple[list[float], list[float]]:
     """Unit start/finish times with up to ``credit`` units sharing the channel equally.
+
+    ``credit_bytes``: ByteScheduler's byte window: another unit may start only while the bytes
+    in flight are below it (the unit that crosses it still starts). ``None``: no such limit;
+    ``credit=None``: no limit on the unit count.
 
     Fixed release times (ideal compute). Processor sharing is tracked in *virtual time*: with
     ``n`` units in flight, virtual time advances at ``1/n`` of real time, and a unit started at
@@ -154,9 +164,13 @@ def shared_static_replay(cu: CompiledUnits, credit: int) -> tuple[list[float], l
     ready = cu.ready_us
     prio = cu.priority
     cost = cu.cost_us
+    size = cu.size_bytes
     order = sorted(range(n), key=ready.__getitem__)
     start = [0.0] * n
     finish = [0.0] * n
+    max_units = credit if credit is not None else n + 1
+    max_bytes = credit_bytes if credit_bytes is not None else math.inf
+    in_flight_bytes = 0
     waiting: list[tuple[float, int]] = []
     flight: list[tuple[float, int]] = []  # (virtual finish, unit)
     push = heapq.heappush
@@ -169,9 +183,10 @@ def shared_static_replay(cu: CompiledUnits, credit: int) -> tuple[list[float], l
             u = order[i]
             push(waiting, (prio[u], u))
             i += 1
-        while len(flight) < credit and waiting:
+        while waiting and len(flight) < max_units and in_flight_bytes < max_bytes:
             u = pop(waiting)[1]
             start[u] = t
+            in_flight_bytes += size[u]
             push(flight, (v + cost[u], u))
         t_release = ready[order[i]] if i < n else _INF
         k = len(flight)
@@ -187,7 +202,9 @@ def shared_static_replay(cu: CompiledUnits, credit: int) -> tuple[list[float], l
         v = flight[0][0]
         t = t_finish
         while flight and flight[0][0] <= v:
-            finish[pop(flight)[1]] = t
+            u = pop(flight)[1]
+            finish[u] = t
+            in_flight_bytes -= size[u]
     return start, finish
 
 
@@ -223,9 +240,13 @@ class StaticChannel(Channel):
     channel's.
     """
 
-    def __init__(self, cu: CompiledUnits, credit: int) -> None:
+    def __init__(
+        self, cu: CompiledUnits, credit: int | None, credit_bytes: int | None = None
+    ) -> None:
         self.cu = cu
-        self.credit = credit
+        self.credit = credit if credit is not None else len(cu.units) + 1
+        self.credit_bytes = credit_bytes if credit_bytes is not None else math.inf
+        self.flight_bytes = 0
         n = len(cu.units)
         self.missing = [len(ts) for ts in cu.tensors]
         self.left_units = [len(us) for us in cu.units_of_tensor]
@@ -291,6 +312,7 @@ class StaticChannel(Channel):
         done: list[int] = []
         for u in done_units:
             self.finish[u] = now
+            self.flight_bytes -= self.cu.size_bytes[u]
             for k in self.cu.tensors[u]:
                 self.left_units[k] -= 1
                 if self.left_units[k] == 0:
@@ -298,11 +320,16 @@ class StaticChannel(Channel):
         return done
 
     def dispatch(self, now: float) -> None:
-        if len(self.flight) >= self.credit or not self.heap:
+        if len(self.flight) >= self.credit or self.flight_bytes >= self.credit_bytes:
+            return
+        if not self.heap:
             return
         self._progress(now)
-        while len(self.flight) < self.credit and self.heap:
+        while (
+            self.heap and len(self.flight) < self.credit and self.flight_bytes < self.credit_bytes
+        ):
             u = heapq.heappop(self.heap)[1]
+            self.flight_bytes += self.cu.size_bytes[u]
             self.start[u] = now
             self.flight.append(u)
             self.remaining.append(self.cu.cost_us[u])

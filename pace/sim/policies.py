@@ -36,7 +36,7 @@ P3_SLICE_BYTES = 160 * KIB
 # BYTESCHEDULER_CREDIT, in parameters).
 BYTESCHEDULER_PARTITION_BYTES = 8_000_000 * BYTES_PER_PARAM
 BYTESCHEDULER_CREDIT_BYTES = 16_000_000 * BYTES_PER_PARAM
-# Grid of bytescheduler-tuned.
+# Grid of bytescheduler-tuned (credits in units in flight).
 # 64 KiB .. 64 MiB in powers of two, plus ByteScheduler's own default so tuned <= default.
 TUNE_PARTITION_BYTES: tuple[int, ...] = tuple(
     sorted({2**e * KIB for e in range(6, 17)} | {BYTESCHEDULER_PARTITION_BYTES})
@@ -225,28 +225,41 @@ def p3(*, slice_bytes: int = P3_SLICE_BYTES) -> Policy:
     return Policy(name="p3", build=build, description="160 KB slices, layer priority")
 
 
-def _credit_units(credit_bytes: int, partition_bytes: int) -> int:
-    # ByteScheduler's credit is a byte window; with full-size partitions it admits this many.
-    return max(1, credit_bytes // partition_bytes)
-
-
 def bytescheduler(
     *,
     partition_bytes: int = BYTESCHEDULER_PARTITION_BYTES,
     credit_bytes: int = BYTESCHEDULER_CREDIT_BYTES,
+    window: str = "units",
     name: str = "bytescheduler",
 ) -> Policy:
-    """ByteScheduler: partition, priority by layer, credit window; no barrier."""
-    credit = _credit_units(credit_bytes, partition_bytes)
+    """ByteScheduler: partition, priority by layer, credit; no barrier.
+
+    ByteScheduler's core starts the highest-priority ready piece whenever its credit is
+    positive and subtracts the piece's size (returned when the piece finishes). ``window``:
+    ``"units"`` (default) models that window as ``credit_bytes // partition_bytes`` units in
+    flight, exact when the pieces are full-size; ``"bytes"`` models the byte window itself
+    (``SimOptions.credit_bytes``), which also lets many small pieces in at once.
+    """
+    if partition_bytes < 1 or credit_bytes < 1:
+        raise InputError("partition and credit must be >= 1 byte", field="partition_bytes")
+    if window not in ("units", "bytes"):
+        raise InputError(f"must be 'units' or 'bytes', got {window!r}", field="window")
+    credit_units = max(1, credit_bytes // partition_bytes)
+    defaults = (
+        SimOptions(credit=credit_units)
+        if window == "units"
+        else SimOptions(credit_bytes=credit_bytes)
+    )
 
     def build(prep: Prepared, options: SimOptions) -> Plan:
         return Plan(
             units=partition_units(prep, layer_order(prep), partition_bytes),
-            defaults=SimOptions(credit=credit),
+            defaults=defaults,
             knobs={
                 "partition_bytes": partition_bytes,
                 "credit_bytes": credit_bytes,
-                "credit_units": credit,
+                "credit_units": credit_units,
+                "window": window,
             },
         )
 
@@ -261,8 +274,9 @@ def bytescheduler_tuned(
     """ByteScheduler with the best (partition, credit) of a grid, found by simulation.
 
     ByteScheduler tunes these two knobs online with Bayesian optimisation; an exhaustive grid in
-    the simulator is at least as good as what BO could find on that grid. The caller's explicit
-    ``credit`` option, if any, pins the credit.
+    the simulator is at least as good as what BO could find on that grid. Credits are in units
+    in flight (as ``bytescheduler``'s default window model). The caller's explicit ``credit``
+    option, if any, pins the credit.
     """
 
     def build(prep: Prepared, options: SimOptions) -> Plan:
@@ -282,12 +296,12 @@ def bytescheduler_tuned(
                     best = key
                     best_units = units
         assert best is not None
-        credit_best = int(best[2])
+        credit_best = best[2]
         return Plan(
             units=best_units,
             defaults=SimOptions(credit=credit_best),
             knobs={
-                "partition_bytes": int(-best[3]),
+                "partition_bytes": -best[3],
                 "credit_units": credit_best,
                 "grid_points": len(partitions_bytes) * len(grid_credits),
             },
