@@ -380,3 +380,12 @@ def test_compare_runs_every_policy() -> None:
     assert set(results) == set(POLICIES)
     assert results["fifo"].iteration_us == 44
     assert results["bytescheduler-tuned"].iteration_us <= results["bytescheduler"].iteration_us
+
+
+def test_compare_options_override_every_policy_and_subset() -> None:
+    results = compare(tiny(), options=SimOptions(barrier=True), policies=["tictac", "p3"])
+    assert set(results) == {"tictac", "p3"}
+    # Barrier on: comm ends at 34, forward 34-44.
+    assert all(r.iteration_us == 44 and r.options.barrier for r in results.values())
+    with pytest.raises(InputError, match="nope"):
+        compare(tiny(), policies=["nope"])

@@ -21,7 +21,14 @@ from pace.sim import (
     units_policy,
 )
 from pace.sim.core import _simulate
-from pace.sim.policies import bytescheduler, horovod, layer_order, partition_units
+from pace.sim.policies import (
+    bytescheduler,
+    ddp,
+    ddp_buckets,
+    horovod,
+    layer_order,
+    partition_units,
+)
 from pace.sim.prepared import prepare
 from tests.strategies import traces
 
@@ -215,3 +222,41 @@ def test_byte_window_fast_path_equals_event_loop(
     assert close(fast.iteration_us, slow.iteration_us)
     assert all(close(a, b) for a, b in zip(fast.unit_start_us, slow.unit_start_us, strict=True))
     assert fast.iteration_us >= compute_critical_path_us(trace) - EPS
+
+
+@settings(max_examples=40)
+@given(traces(), st.integers(0, 1 << 24), st.sampled_from([0.0, 100.0, 5000.0]), st.booleans())
+def test_horovod_fusion_groups_cover_each_tensor_once_within_threshold(
+    trace: Trace, threshold: int, cycle_us: float, sync: bool
+) -> None:
+    res = simulate(trace, horovod(threshold_bytes=threshold, cycle_us=cycle_us, synchronous=sync))
+    names = [s.tensor for u in res.units for s in u.slices]
+    assert sorted(names) == sorted(t.name for t in trace.tensors)
+    for u in res.units:
+        assert len(u.slices) == 1 or u.size_bytes <= threshold
+    # Fused in ready order: each unit's tensors are produced no later than the next unit's.
+    prep = prepare(trace)
+    rank = {prep.tensor_names[k]: r for r, k in enumerate(prep.ready_order)}
+    flat = [rank[n] for n in names]
+    assert flat == sorted(flat)
+    # One at a time, never before its tensors exist.
+    for u, s0 in zip(res.units, res.unit_start_us, strict=True):
+        assert s0 >= max(prep.release_us[prep.tensor_index[s.tensor]] for s in u.slices) - EPS
+
+
+@settings(max_examples=40)
+@given(traces(), st.integers(1, 1 << 24), st.integers(1, 1 << 22))
+def test_ddp_buckets_are_ready_order_runs_closed_at_their_limit(
+    trace: Trace, cap: int, first: int
+) -> None:
+    prep = prepare(trace)
+    buckets = ddp_buckets(prep, prep.ready_order, cap_bytes=cap, first_bytes=first)
+    assert [k for b in buckets for k in b] == list(prep.ready_order)
+    for i, b in enumerate(buckets[:-1]):
+        size = sum(prep.size_bytes[k] for k in b)
+        limit = first if i == 0 else cap
+        assert size >= limit
+        assert size - prep.size_bytes[b[-1]] < limit
+    res = simulate(trace, ddp(bucket_cap_bytes=cap, first_bucket_bytes=first))
+    # Issued strictly in bucket order.
+    assert list(res.unit_start_us) == sorted(res.unit_start_us)
