@@ -8,8 +8,9 @@ when tensors are done. Three channels exist:
   one-at-a-time channel).
 * :class:`CycleFusionChannel` is Horovod's background thread: every cycle it fuses the tensors
   produced so far into units up to the fusion threshold and runs them back to back.
-* :func:`serial_static_replay` is the fast path of ``StaticChannel`` with credit 1 under ideal
-  compute, where tensor release times are known in advance (Lemma 1).
+* :func:`serial_static_replay` and :func:`shared_static_replay` are the fast paths of
+  ``StaticChannel`` (credit 1, and credit / byte window with processor sharing in virtual time)
+  under ideal compute, where tensor release times are known in advance (Lemma 1).
 
 Two drivers run them: :func:`drive_ideal` (release times known, compute never waits on the
 channel) and :func:`drive_joint` (ops and channel in one event loop; needed for one compute
