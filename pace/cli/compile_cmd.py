@@ -86,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
     ]
     if args.json:
         details = {
-            k: v for k, v in result.plan.details.items() if isinstance(v, int | float | str | dict)
+            k: v
+            for k, v in result.plan.details.items()
+            if isinstance(v, int | float | str | dict | list)
         }
         print_json(
             {

@@ -142,9 +142,19 @@ def fuse(
         if ref.label in ("none", f"paper(R={sweep.best_groups})") and ref.label not in labels:
             chosen.append(ref)
             labels.add(ref.label)
+    # The default oracle is a lower bound on the replay of any schedule of a plan (every job
+    # still occupies the channel alpha + beta * bytes in total), so a candidate whose oracle value
+    # is no better than the best replay so far cannot win and is not compiled: branch and bound,
+    # which keeps the guarantee and skips e.g. the costly unfused schedule of a long chain.
+    bounded = oracle is None
+    chosen.sort(key=lambda c: c.cost_us)
     replayed: dict[str, float] = {}
+    skipped: list[str] = []
     verified: list[tuple[float, int, FusionPlan, Schedule]] = []
     for rank, cand in enumerate(chosen):
+        if bounded and verified and cand.cost_us >= min(v[0] for v in verified):
+            skipped.append(cand.label)
+            continue
         if cand.starts.size == chain.n:
             # No fusion exactly as `--no-fusion` compiles it (trace order): the scheduler breaks
             # ties by job order, and the guarantee is "never worse than that".
@@ -164,6 +174,7 @@ def fuse(
         "oracle_evaluations": cost.evaluations,
         "chosen": best_cand.label,
         "replayed_us": replayed,
+        "skipped_by_bound": skipped,
     }
     plan = FusionPlan(groups=best_plan.groups, method="search", details=details)
     return FusionOutcome(plan=plan, schedule=best_schedule)

@@ -165,8 +165,9 @@ def local_search(
 
 
 def default_budget(n: int) -> int:
-    """Local-search moves: a few sweeps over a short chain, a bounded share of a long one."""
-    return int(min(max(4 * n, 200), 2000))
+    """Local-search moves: a few sweeps over a short chain; on a long one each move costs
+    O(G log G) for G groups, so the budget shrinks as 1/N to bound the total work."""
+    return int(min(max(4 * n, 200), 2000, max(300, 2_000_000 // max(n, 1))))
 
 
 def search_fusion(
