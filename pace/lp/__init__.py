@@ -70,7 +70,6 @@ SOLVERS: tuple[str, ...] = ("exact", "lp")
 # The simulator replays the few best candidates (by our own fast replay) to pick the winner;
 # more would only cost time: the fast replay implements the same semantics.
 _SIM_VERIFY = 3
-_BASELINE_CANDIDATES = ("p3", "tictac", "fifo")
 
 
 def lower_bound_us(trace: Trace) -> float:
@@ -219,8 +218,11 @@ def schedule(
     ranked = sorted(cands, key=lambda c: c.replay_us)
     verified: list[tuple[float, int, Candidate, tuple[Unit, ...]]] = []
     seen: set[tuple[Unit, ...]] = set()
+    singletons = all(len(job) == 1 for job in red.jobs)
+    # Without fusion the fast replay is the simulator's semantics exactly: verify the best only.
+    n_verify = 1 if singletons else _SIM_VERIFY
     for pos, cand in enumerate(ranked):
-        if len(verified) >= _SIM_VERIFY:
+        if len(verified) >= n_verify:
             break
         units = units_from_pieces(red, cand.pieces)
         if units in seen:
@@ -228,19 +230,30 @@ def schedule(
         seen.add(units)
         sim_us = simulate(trace, units_policy(units, name=cand.name)).iteration_us
         verified.append((sim_us, pos, cand, units))
-    if all(len(job) == 1 for job in red.jobs):
-        # The one-unit-at-a-time baselines' own unit lists are candidates too (replayed under
-        # the contract's semantics): the compiled schedule is then never worse than any of them,
-        # even where alpha makes slicing heuristics (P3) beat our preemption choices.
-        for pos, name in enumerate(_BASELINE_CANDIDATES, start=len(ranked)):
-            units = tuple(simulate(trace, name).units)
-            if units in seen:
-                continue
-            seen.add(units)
-            sim_us = simulate(trace, units_policy(units, name=name)).iteration_us
-            base_cand = Candidate(name=f"baseline-{name}", pieces=(), replay_us=sim_us)
+    if singletons and trace.comm.alpha_us > 0:
+        # With a per-call latency our preemption choices are heuristic, and P3's fixed-size
+        # slices in layer order can win; its own unit list is then a candidate, so the
+        # compiled schedule is never worse than it. (FIFO and TicTac orders are candidates
+        # already; with alpha = 0 largest tail first is optimal.)
+        # Skip the (costly) P3 replay when even a free-preemption bound on it cannot win:
+        # every P3 slice pays alpha, so each tensor holds the channel alpha * slices + beta * S.
+        from pace.sim.policies import P3_SLICE_BYTES
+
+        slices = -(-red.size_bytes // P3_SLICE_BYTES)
+        p3_bound = solve_exact(
+            red.release_us,
+            trace.comm.alpha_us * slices + trace.comm.beta_us_per_byte * red.size_bytes,
+            red.tail_us,
+            compute_makespan_us=red.compute_makespan_us,
+        ).makespan_us
+        best_us = min(v[0] for v in verified)
+        p3 = simulate(trace, "p3") if p3_bound < best_us else None
+        if p3 is not None and p3.iteration_us < best_us:
+            units = tuple(p3.units)
+            sim_us = simulate(trace, units_policy(units, name="p3")).iteration_us
+            base_cand = Candidate(name="baseline-p3", pieces=(), replay_us=sim_us)
             cands.append(base_cand)
-            verified.append((sim_us, pos, base_cand, units))
+            verified.append((sim_us, len(ranked), base_cand, units))
     predicted, _, chosen, units = min(verified, key=lambda v: (v[0], v[1]))
     info.update(
         {

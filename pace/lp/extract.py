@@ -324,10 +324,10 @@ def static_order_pieces(red: Reduction, key: Sequence[float]) -> tuple[PlanPiece
 
 
 def need_us(red: Reduction) -> list[float]:
-    """When each job is first needed if nothing waited on communication (TicTac's order)."""
-    # A consumer with tail q starts at (compute-only makespan - q) at the latest without
-    # delaying the window; the smaller, the more urgent.
-    return [red.compute_makespan_us - float(q) for q in red.tail_us]
+    """When each job is first needed if nothing waited on communication (TicTac's order):
+    the compute-only start of its earliest consumer (no consumer: never, last)."""
+    timing = red.tensors
+    return [float(min(timing.need_us[timing.index[name]] for name in job)) for job in red.jobs]
 
 
 def merge_pieces(pieces: Sequence[PlanPiece], job: int, *, at: str) -> tuple[PlanPiece, ...]:
@@ -347,7 +347,7 @@ def overhead_aware_candidates(
     *,
     base: Sequence[tuple[str, Sequence[PlanPiece]]] = (),
     include_exact: bool = True,
-    merge_budget: int = 64,
+    merge_budget: int = 16,
 ) -> list[Candidate]:
     """Every candidate plan, scored by ``replay_us``; the last element is the greedy-merged best.
 
@@ -361,10 +361,11 @@ def overhead_aware_candidates(
         longest = float(red.duration_us.max(initial=0.0))
         thetas = [0.0]
         if alpha > 0:
+            # Geometric ladder (x4): each rung is one O(N log N) solve and one replay.
             theta = alpha
             while theta < longest:
                 thetas.append(theta)
-                theta *= 2
+                theta *= 4
         for theta in thetas:
             pieces = exact_pieces(red, comm, min_remaining_us=theta)
             if pieces not in seen:

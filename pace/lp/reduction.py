@@ -45,6 +45,7 @@ class TensorTiming:
     release_us: FloatArray
     tail_us: FloatArray
     size_bytes: IntArray
+    need_us: FloatArray  # compute-only start of the earliest consumer (inf: no consumer)
     compute_makespan_us: float
     index: Mapping[str, int]
 
@@ -162,6 +163,7 @@ def _compute_timing(trace: Trace) -> TensorTiming:
     n_t = len(trace.tensors)
     release = np.empty(n_t, dtype=np.float64)
     tail = np.zeros(n_t, dtype=np.float64)
+    need = np.full(n_t, np.inf, dtype=np.float64)
     for k in range(n_t):
         p = prod_idx[k]
         if waits[p]:
@@ -172,6 +174,7 @@ def _compute_timing(trace: Trace) -> TensorTiming:
         release[k] = finish[p]
         if cons_idx[k]:
             tail[k] = max(from_start[c] for c in cons_idx[k])
+            need[k] = min(finish[c] - dur[c] for c in cons_idx[k])
     size = np.fromiter((t.size_bytes for t in trace.tensors), dtype=np.int64, count=n_t)
     tnames = tuple(t.name for t in trace.tensors)
     tindex = {name: k for k, name in enumerate(tnames)}
@@ -182,6 +185,7 @@ def _compute_timing(trace: Trace) -> TensorTiming:
         release_us=_frozen(release),
         tail_us=_frozen(tail),
         size_bytes=_frozen(size),
+        need_us=_frozen(need),
         compute_makespan_us=max(finish, default=0.0),
         index=tindex,
     )
