@@ -131,28 +131,41 @@ def fuse(
             "oracle_us": sweep.best_cost_us,
             "oracle_evaluations": cost.evaluations,
         }
+        if sweep.best_groups == chain.n:
+            # No fusion: keep trace order, exactly what `--no-fusion` schedules.
+            groups = FusionPlan.singletons(trace).groups
+            return FusionOutcome(plan=FusionPlan(groups=groups, method="paper", details=details))
         return FusionOutcome(plan=chain.plan(sweep.best_starts, method="paper", details=details))
 
     result = search_fusion(chain, cost, sweep=sweep, max_evaluations=max_evaluations)
     # The oracle ignores what extra preemptions cost in reality; replay the strongest few
     # candidates, plus the two references the search must never lose to.
+    paper_label = f"paper(R={sweep.best_groups})"
     chosen = list(result.ranked[:verify_top])
     labels = {c.label for c in chosen}
     for ref in result.ranked:
-        if ref.label in ("none", f"paper(R={sweep.best_groups})") and ref.label not in labels:
+        if ref.label in ("none", paper_label) and ref.label not in labels:
             chosen.append(ref)
             labels.add(ref.label)
-    # The default oracle is a lower bound on the replay of any schedule of a plan (every job
-    # still occupies the channel alpha + beta * bytes in total), so a candidate whose oracle value
-    # is no better than the best replay so far cannot win and is not compiled: branch and bound,
-    # which keeps the guarantee and skips e.g. the costly unfused schedule of a long chain.
+    # Without fusion the default oracle is a lower bound on the replay of any schedule (every
+    # tensor still occupies the channel alpha + beta * bytes in total, and its consumers wait for
+    # all of it), so a candidate whose oracle value is no better than the best replay so far
+    # cannot win and is not compiled: branch and bound, which skips e.g. the costly unfused
+    # schedule of a long chain. For a fused plan the bound is not strict (the scheduler may let a
+    # member finish before its group), so Alg. 1's choice, which the search must never lose to,
+    # is always compiled; other skipped candidates were only chances to improve.
     bounded = oracle is None
     chosen.sort(key=lambda c: c.cost_us)
     replayed: dict[str, float] = {}
     skipped: list[str] = []
     verified: list[tuple[float, int, FusionPlan, Schedule]] = []
     for rank, cand in enumerate(chosen):
-        if bounded and verified and cand.cost_us >= min(v[0] for v in verified):
+        if (
+            bounded
+            and verified
+            and cand.label != paper_label
+            and cand.cost_us >= min(v[0] for v in verified)
+        ):
             skipped.append(cand.label)
             continue
         if cand.starts.size == chain.n:
