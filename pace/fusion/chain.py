@@ -17,11 +17,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from pace.ir import FusionPlan, Trace
+
+if TYPE_CHECKING:
+    from pace.lp import ExactSolution
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -115,7 +119,7 @@ class ChainOracle:
         if hit is not None:
             return hit
         self.evaluations += 1
-        value = self._price(starts, key)
+        value = self._price(starts)
         self._memo[key] = value
         return value
 
@@ -126,19 +130,24 @@ class ChainOracle:
         A critical block (Carlier's bound) is the busy stretch of the channel that ends at a job
         with ``C_j + q_j`` equal to the makespan and runs only jobs at least as urgent; the
         makespan is ``r_B + sum(p_J) + q_j``, so only moves that touch these groups (merge them,
-        split them, move their boundaries) can lower it.
+        split them, move their boundaries) can lower it. Computed on demand (the search asks only
+        for partitions it accepted), by solving once more rather than keeping every schedule.
         """
-        key = starts.tobytes()
-        if key not in self._critical:
-            self.score(starts)
-        return self._critical.get(key, ())
-
-    def _price(self, starts: IntArray, key: bytes) -> Score:
         if self.plan_oracle is not None:
-            if self.trace is None:
-                raise ValueError("a plan oracle needs the trace")
-            plan = self.chain.plan(starts, method="candidate", details={})
-            return float(self.plan_oracle(self.trace, plan)), 0.0
+            return ()
+        key = starts.tobytes()
+        hit = self._critical.get(key)
+        if hit is None:
+            sol, finish, tail = self._solve(starts)
+            makespan = float(sol.makespan_us)
+            tol = REL_EPS * max(1.0, abs(makespan))
+            hit = ()
+            if makespan > self.chain.compute_makespan_us + tol:
+                hit = _critical_blocks(sol.pieces, finish, tail, makespan - tol)
+            self._critical[key] = hit
+        return hit
+
+    def _solve(self, starts: IntArray) -> tuple[ExactSolution, FloatArray, FloatArray]:
         from pace.lp import solve_exact
 
         c = self.chain
@@ -147,14 +156,17 @@ class ChainOracle:
         size = np.add.reduceat(c.size_bytes, starts).astype(np.float64)
         duration = c.alpha_us + c.beta_us_per_byte * size
         sol = solve_exact(release, duration, tail, compute_makespan_us=c.compute_makespan_us)
-        finish = np.asarray(sol.completion_us) + tail
-        lower = c.compute_makespan_us
-        makespan = float(sol.makespan_us)
-        lateness = float(np.maximum(finish - lower, 0.0).sum())
-        tol = REL_EPS * max(1.0, abs(makespan))
-        if makespan > lower + tol:
-            self._critical[key] = _critical_blocks(sol.pieces, finish, tail, makespan - tol)
-        return makespan, lateness
+        return sol, np.asarray(sol.completion_us) + tail, tail
+
+    def _price(self, starts: IntArray) -> Score:
+        if self.plan_oracle is not None:
+            if self.trace is None:
+                raise ValueError("a plan oracle needs the trace")
+            plan = self.chain.plan(starts, method="candidate", details={})
+            return float(self.plan_oracle(self.trace, plan)), 0.0
+        sol, finish, _ = self._solve(starts)
+        lateness = float(np.maximum(finish - self.chain.compute_makespan_us, 0.0).sum())
+        return float(sol.makespan_us), lateness
 
 
 def _critical_blocks(
