@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.torch]
 def _schedule(tmp: Path) -> Path:
     sys.path.insert(0, str(WORKER.parent))
     try:
-        from train import build_model, make_schedule  # type: ignore[import-not-found]
+        from train import build_model, make_schedule
     finally:
         sys.path.pop(0)
     from pace.io import save_schedule
