@@ -19,11 +19,15 @@ import dataclasses
 import math
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from pace.compiler import compile_trace
+from pace.compiler import apply_what_if, compile_trace
+from pace.io import load_trace
+from pace.ir import Trace
 from pace.lp import lower_bound_us
 from pace.sim import compare
 from pace.synth import random_trace
@@ -37,38 +41,24 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=40)
     ap.add_argument("--alpha-us", default="20,50", help="per-call latencies to try")
     ap.add_argument("--shrink", default="1,32", help="tensor-size divisors to try")
+    ap.add_argument(
+        "--shipped",
+        action="store_true",
+        help="instead: the shipped traces (traces/*.json.gz), as measured and what-if 1 / 0.1 Gbps",
+    )
     args = ap.parse_args()
 
     columns = ["search", "paper", "no-fusion", *BASELINES]
     rows = []
     ratios: dict[str, list[float]] = {c: [] for c in columns}
-    cases = [
-        (float(a), int(k), seed)
-        for k in args.shrink.split(",")
-        for a in args.alpha_us.split(",")
-        for seed in range(args.traces)
-    ]
-    for alpha, shrink, seed in cases:
-        trace = random_trace(
-            seed=seed,
-            n_layers=args.layers,
-            tensors_per_layer=(3, 8),
-            ops_per_layer=3,
-            alpha_us=alpha,
-        )
-        if shrink > 1:
-            small = tuple(
-                dataclasses.replace(t, size_bytes=max(4, t.size_bytes // shrink // 4 * 4))
-                for t in trace.tensors
-            )
-            trace = dataclasses.replace(trace, tensors=small)
+    for label, trace in _cases(args):
         t0 = time.perf_counter()
         us: dict[str, float] = {}
         groups: dict[str, int] = {}
-        for label, fusion in (("search", "search"), ("paper", "paper"), ("no-fusion", "none")):
+        for column, fusion in (("search", "search"), ("paper", "paper"), ("no-fusion", "none")):
             res = compile_trace(trace, fusion=fusion, baselines=False)
-            us[label] = res.predicted_iteration_us
-            groups[label] = len(res.plan.groups)
+            us[column] = res.predicted_iteration_us
+            groups[column] = len(res.plan.groups)
         for name, sim in compare(trace, policies=BASELINES).items():
             us[name] = sim.iteration_us
         bound = lower_bound_us(trace)
@@ -76,7 +66,7 @@ def main() -> None:
             ratios[c].append(us[c] / us["search"])
         rows.append(
             [
-                f"a={alpha:g} k={shrink} s={seed}",
+                label,
                 len(trace.tensors),
                 f"{groups['search']}/{groups['paper']}",
                 round(bound),
@@ -84,7 +74,7 @@ def main() -> None:
                 round(time.perf_counter() - t0, 2),
             ]
         )
-        print(f"done alpha={alpha:g} shrink={shrink} seed={seed}", file=sys.stderr, flush=True)
+        print(f"done {label}", file=sys.stderr, flush=True)
     _table(
         "iteration time (us, simulator replay); groups = search/paper",
         ["trace", "tensors", "groups", "lower bound", *columns, "s"],
@@ -102,6 +92,35 @@ def main() -> None:
             for c in columns
         ],
     )
+
+
+def _cases(args: argparse.Namespace) -> Iterator[tuple[str, Trace]]:
+    if args.shipped:
+        root = Path(__file__).resolve().parent.parent / "traces"
+        for path in sorted(root.glob("*.json.gz")):
+            measured = load_trace(path)
+            for gbps in (None, 1.0, 0.1):
+                name = path.name.removesuffix(".json.gz")
+                label = f"{name} {'measured' if gbps is None else f'{gbps:g} Gbps'}"
+                yield label, apply_what_if(measured, bandwidth_gbps=gbps)
+        return
+    for shrink in (int(k) for k in args.shrink.split(",")):
+        for alpha in (float(a) for a in args.alpha_us.split(",")):
+            for seed in range(args.traces):
+                trace = random_trace(
+                    seed=seed,
+                    n_layers=args.layers,
+                    tensors_per_layer=(3, 8),
+                    ops_per_layer=3,
+                    alpha_us=alpha,
+                )
+                if shrink > 1:
+                    small = tuple(
+                        dataclasses.replace(t, size_bytes=max(4, t.size_bytes // shrink // 4 * 4))
+                        for t in trace.tensors
+                    )
+                    trace = dataclasses.replace(trace, tensors=small)
+                yield f"a={alpha:g} k={shrink} s={seed}", trace
 
 
 def _table(title: str, columns: list[str], rows: list[list[object]]) -> None:
