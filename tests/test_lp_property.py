@@ -133,3 +133,19 @@ def test_fused_plans_lp_equals_exact_and_units_cover_bytes(
     if scale > 1:
         # ... and with enough bytes the optimal split is kept, so the exact optimum holds.
         assert s.predicted_iteration_us <= _exact(trace, plan) * (1 + 1e-9)
+
+
+@settings(max_examples=100)
+@given(traces(max_layers=10), st.sampled_from([100, 1000]))
+def test_lp_path_with_automatic_slots_is_near_optimal(trace: Trace, max_slots: int) -> None:
+    trace = replace(trace, comm=replace(trace.comm, alpha_us=0.0))
+    s = schedule(trace, solver="lp", max_slots=max_slots)
+    verify_schedule(s, trace)
+    info = s.meta["lp"]
+    assert info["integral"]
+    opt = _exact(trace)
+    bound = (s.meta["jobs"] + 2) * info["slot_us"]
+    # The slotted optimum brackets the continuous one (docs/scheduling.md, rounding bound) ...
+    assert opt * (1 - 1e-9) <= info["makespan_us"] <= opt + bound + 1e-6
+    # ... and the LP's order executed in continuous time is within the same bound.
+    assert opt * (1 - 1e-9) <= s.predicted_iteration_us <= opt + bound + 1e-6

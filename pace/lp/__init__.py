@@ -27,6 +27,7 @@ from pace.lp.extract import (
     Candidate,
     overhead_aware_candidates,
     replay_us,
+    retime_pieces,
     units_from_pieces,
 )
 from pace.lp.model import (
@@ -148,7 +149,7 @@ def best_units(
             slot_us=slot_us,
             max_slots=max_slots,
         )
-        base.append(("lp", pieces))
+        base.append(("lp", retime_pieces(red, comm, pieces)))
     if overhead_aware:
         cands = overhead_aware_candidates(red, comm, base=base, include_exact=solver == "exact")
     else:

@@ -318,6 +318,34 @@ def replay_pieces_us(red: Reduction, comm: CommModel, pieces: Sequence[PlanPiece
     )
 
 
+def retime_pieces(
+    red: Reduction, comm: CommModel, pieces: Sequence[PlanPiece]
+) -> tuple[PlanPiece, ...]:
+    """Execute a slotted plan (the LP's) in continuous time: its completion order as priorities.
+
+    Slot rounding moves releases and durations by up to a slot, so the LP's own piece times are
+    not work-conserving in real time, and the contract's work-conserving replay would run later
+    pieces early and cascade (measured: +12% on a random trace). Instead each job gets the
+    priority of its completion in the LP plan (earlier = more urgent, the LP's deadline order)
+    and the channel runs preemptive highest-priority-first in continuous time — with the same
+    per-resume ``alpha`` and minimum-piece rules as the exact planner — so planned and replayed
+    times agree.
+    """
+    finish: dict[int, float] = {}
+    for j, start, _ in pieces:
+        finish[j] = max(finish.get(j, -math.inf), start)
+    key = [-finish.get(j, float(red.release_us[j])) for j in range(red.n_jobs)]
+    alpha = comm.alpha_us
+    sol = solve_exact(
+        red.release_us,
+        red.duration_us,
+        key,
+        preempt_cost_us=alpha,
+        min_piece_us=alpha + comm.beta_us_per_byte if alpha > 0 else 0.0,
+    )
+    return tuple((j, s, max(e - s - alpha, 0.0)) for j, s, e in sol.pieces)
+
+
 def static_order_pieces(red: Reduction, key: Sequence[float]) -> tuple[PlanPiece, ...]:
     """One whole piece per job with priority ``key[j]`` (a non-preemptive static order)."""
     return tuple((j, float(key[j]), 1.0) for j in range(red.n_jobs))
