@@ -15,6 +15,7 @@ Two launches of ``horovodrun -np 2 -H localhost:2 --gloo``:
   pace in the same session (pace warns that Horovod may regroup its units).
 
 Variants: ``local`` (no communication: the floor), ``vanilla`` (hvd.DistributedOptimizer),
+``vanilla-poll`` (the same with Horovod's spinning wait replaced by the runtime's polling),
 ``pace`` (replay), ``pace-barrier`` (replay + ``synchronize()`` after every step: the global
 barrier put back, so only the machinery differs from vanilla), ``pace-online`` (ByteScheduler).
 Prints one table: median per-iteration time per variant and the difference vs vanilla.
@@ -89,7 +90,7 @@ def worker(args: argparse.Namespace) -> None:
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         if kind == "local":
             return model, opt  # no communication at all: the floor
-        if kind == "vanilla":
+        if kind in ("vanilla", "vanilla-poll"):
             return model, hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the defaults launch warns about fusion on purpose
@@ -98,11 +99,26 @@ def worker(args: argparse.Namespace) -> None:
 
     # pace-barrier: synchronize() after every step, i.e. the global barrier put back, so the
     # difference to vanilla is the machinery alone, not the overlap with the next forward.
-    kinds = ["local", "vanilla", "pace", "pace-barrier", "pace-online"]
+    # vanilla-poll: vanilla, but Horovod's spinning wait replaced by pace's polling back-off,
+    # to separate "Horovod's wait steals the CPU" from the runtime's own cost.
+    kinds = ["local", "vanilla", "vanilla-poll", "pace", "pace-barrier", "pace-online"]
+    from horovod.torch import mpi_ops
+    from horovod.torch import optimizer as hvd_optimizer
+
+    spin_sync = hvd_optimizer.synchronize
+
+    def polite_sync(handle: Any) -> Any:
+        pause = 20e-6
+        while not mpi_ops.poll(handle):
+            time.sleep(pause)
+            pause = min(1e-3, pause * 2)
+        return spin_sync(handle)
+
     runs = {k: make(k) for k in kinds}
 
     def block(kind: str, steps: int) -> float:
         model, opt = runs[kind]
+        hvd_optimizer.synchronize = polite_sync if kind == "vanilla-poll" else spin_sync
         t0 = time.perf_counter()
         for _ in range(steps):
             opt.zero_grad()
