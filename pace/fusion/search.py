@@ -32,6 +32,7 @@ from pace.fusion.chain import (
     ChainOracle,
     IntArray,
     Score,
+    partition_key,
     singletons,
     starts_from_cuts,
 )
@@ -183,7 +184,7 @@ def search_fusion(
     pool: dict[bytes, Candidate] = {}
 
     def add(label: str, starts: IntArray) -> None:
-        key = starts.tobytes()
+        key = partition_key(starts)
         if key not in pool:
             pool[key] = Candidate(label=label, starts=starts, cost_us=oracle(starts))
 
@@ -199,7 +200,7 @@ def search_fusion(
     per_seed = max(1, budget // max(1, len(seeds)))
     for seed in seeds:
         starts, score, _ = local_search(chain, oracle, seed.starts, max_evaluations=per_seed)
-        key = starts.tobytes()
+        key = partition_key(starts)
         if key not in pool:
             pool[key] = Candidate(label=f"local({seed.label})", starts=starts, cost_us=score[0])
 
