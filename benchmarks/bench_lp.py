@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +71,11 @@ def main() -> int:
     print("Exact path (ms, median of", args.repeat, "runs)")
     print(f"{'tensors':>8} {'ops':>6} {'reduce':>8} {'solve':>8} {'schedule':>9}  chosen")
     for n, tr in traces.items():
-        t_red, _ = _ms(lambda tr=tr: _compute_timing(tr), args.repeat)
+        t_red, _ = _ms(partial(_compute_timing, tr), args.repeat)
         red = reduction(tr)
         t_solve, _ = _ms(
-            lambda red=red: solve_exact(
+            partial(
+                solve_exact,
                 red.release_us,
                 red.duration_us,
                 red.tail_us,
@@ -81,7 +83,7 @@ def main() -> int:
             ),
             args.repeat,
         )
-        t_sched, s = _ms(lambda tr=tr: schedule(tr), args.repeat)
+        t_sched, s = _ms(partial(schedule, tr), args.repeat)
         row = f"{n:>8} {len(tr.ops):>6} {t_red:>8.2f} {t_solve:>8.2f} {t_sched:>9.1f}"
         print(f"{row}  {s.meta['chosen']}")
 
@@ -102,19 +104,17 @@ def main() -> int:
                 ).makespan_us
             )
             t_h, sol = _ms(
-                lambda inst=inst, hint=hint: solve_lp(inst, backend="highs", hint_slots=hint),
+                partial(solve_lp, inst, backend="highs", hint_slots=hint),
                 args.repeat,
             )
             t_s, _ = _ms(
-                lambda inst=inst, hint=hint: solve_lp(inst, backend="scipy", hint_slots=hint),
+                partial(solve_lp, inst, backend="scipy", hint_slots=hint),
                 args.repeat,
             )
             search, solves = f"{'-':>8}", f"{'-':>6}"
             if n <= 200:
                 try:
-                    t_b, full = _ms(
-                        lambda inst=inst: solve_lp(inst, backend="scipy", time_limit_s=30), 1
-                    )
+                    t_b, full = _ms(partial(solve_lp, inst, backend="scipy", time_limit_s=30), 1)
                     search, solves = f"{t_b:8.0f}", f"{full.solves:>6}"
                     assert full.makespan_slots == sol.makespan_slots == hint
                 except SolverTimeoutError:

@@ -27,8 +27,8 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 Piece = tuple[int, float, float]
@@ -49,9 +49,9 @@ class ExactSolution:
 
 
 def solve_exact(
-    release_us: Sequence[float] | npt.NDArray[np.float64],
-    duration_us: Sequence[float] | npt.NDArray[np.float64],
-    tail_us: Sequence[float] | npt.NDArray[np.float64],
+    release_us: Sequence[float] | npt.NDArray[Any],
+    duration_us: Sequence[float] | npt.NDArray[Any],
+    tail_us: Sequence[float] | npt.NDArray[Any],
     *,
     compute_makespan_us: float = 0.0,
     preempt_cost_us: float = 0.0,
