@@ -47,6 +47,7 @@ def _check_assignment(trace: Trace, plan: FusionPlan | None, backend: str) -> No
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(busy))
 
 
+@pytest.mark.slow  # ~3,000 LP solves (the search without a hint, as a user would run it)
 @settings(max_examples=300)
 @given(integer_traces(), st.sampled_from(["highs", "scipy"]))
 def test_lp_optimum_equals_exact_optimum(trace: Trace, backend: str) -> None:
