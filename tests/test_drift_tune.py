@@ -19,6 +19,7 @@ from pace.sim import simulate
 from pace.synth import random_trace
 
 
+@pytest.mark.slow  # ~10 s on a loaded 2-core machine (25 GP fits)
 def test_bayes_minimize_finds_the_minimum_of_a_known_function() -> None:
     space = (
         Knob(name="size", low=1.0, high=1e6, log=True),
