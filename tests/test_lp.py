@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pace.errors import InfeasibleError, InputError, SolverMissingError, SolverTimeoutError
 from pace.ir import CommModel, FusionPlan, Op, Tensor, Trace
 from pace.lp import (
+    choose_slot_us,
     lower_bound_us,
     reduction,
     schedule,
@@ -401,3 +402,20 @@ def test_lp_automatic_slot_on_float_trace() -> None:
     assert opt - 1e-6 <= info["makespan_us"] <= opt + (s.meta["jobs"] + 3) * info["slot_us"]
     # The compiled schedule replays no worse than the LP's own slotted makespan.
     assert s.predicted_iteration_us <= info["makespan_us"] + 1e-6
+
+
+@pytest.mark.parametrize("backend", ["highs", "scipy"])
+def test_real_solver_time_limit_raises(backend: str) -> None:
+    """The solver itself stops at its limit (an 18,000-column LP cannot finish in 1 ms)."""
+    from pace.synth import random_trace
+
+    trace = random_trace(seed=500, n_layers=250, tensors_per_layer=(2, 2), ops_per_layer=4)
+    red = reduction(trace)
+    inst = slot_instance(red, slot_us=choose_slot_us(red, max_slots=1000))
+    horizon = round(
+        solve_exact(
+            inst.release, inst.duration, inst.tail, compute_makespan_us=inst.compute
+        ).makespan_us
+    )
+    with pytest.raises(SolverTimeoutError, match="limit"):
+        solve_deadline(inst, horizon, backend=backend, time_limit_s=1e-3)
