@@ -15,10 +15,10 @@ from pace.fusion.maxmin import max_min_bisect
 from pace.fusion.search import local_search, window_partition
 from pace.io import load_trace
 from pace.ir import FusionPlan, Trace
-from pace.lp import reduction, schedule, solve_exact
+from pace.lp import lower_bound_us, reduction, schedule, solve_exact
 from pace.synth import random_trace
 from pace.verify import verify_schedule
-from tests.strategies import traces
+from tests.strategies import integer_traces, traces
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 SHIPPED = sorted(TRACES.glob("*.json.gz"))
@@ -186,3 +186,14 @@ def test_search_ties_or_beats_alg1_on_shipped_traces(path: Path) -> None:
         paper_us = schedule(trace, plan_fusion(trace, method="paper")).predicted_iteration_us
         assert out.schedule.predicted_iteration_us <= paper_us * (1 + 1e-9)
         assert math.isfinite(out.schedule.predicted_iteration_us)
+
+
+@given(trace=integer_traces())
+@settings(max_examples=40)
+def test_without_latency_the_search_reaches_the_lower_bound(trace: Trace) -> None:
+    # alpha = 0: fusion can only delay, the unfused optimum is the bound, and the search must
+    # not lose it (it either keeps no fusion or finds a fused plan that replays as well).
+    out = fuse(trace, method="search")
+    assert out.schedule is not None
+    bound = lower_bound_us(trace)
+    assert out.schedule.predicted_iteration_us == pytest.approx(bound, rel=1e-6)

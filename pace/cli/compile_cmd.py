@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         summary,
     )
     sys.stdout.write(
-        f"gap to lower bound: {result.gap * 100:.2f}%   units: {len(result.schedule.units)}   "
+        f"gap to lower bound: {result.gap * 100:.3f}%   units: {len(result.schedule.units)}   "
         f"compile: {result.compile_seconds:.3f} s\n"
     )
     return 0
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
 def _vs(result: Any, us: float) -> str:
     if result.lower_bound_us <= 0:
         return "-"
-    return f"+{(us / result.lower_bound_us - 1.0) * 100:.2f}%"
+    return f"+{(us / result.lower_bound_us - 1.0) * 100:.3f}%"
 
 
 def _names(names: list[str]) -> str:
