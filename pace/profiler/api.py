@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -87,6 +88,7 @@ def profile(
 
         comm = what_if_comm(workers=8, bandwidth_gbps=10.0)
 
+    load_before = _load_average()
     old_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -144,6 +146,8 @@ def profile(
         "parameters": sum(int(p.numel()) for _, p in trainable),
         "parameters_without_grad": [n for n, p in trainable if p.grad is None],
     }
+    # Other processes on the machine inflate CPU timings; the load says how much to trust them.
+    base_meta["load_average_1min"] = [load_before, _load_average()]
     if plain:
         base_meta["uninstrumented_forward_us"] = float(np.median([f for f, _ in plain]))
         base_meta["uninstrumented_backward_us"] = float(np.median([b for _, b in plain]))
@@ -158,6 +162,13 @@ def profile(
         subtract_bookkeeping=clk.name == "host",
         meta=base_meta,
     )
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):  # not on every platform
+        return None
 
 
 def _plain_iteration(
