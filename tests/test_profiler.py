@@ -412,3 +412,22 @@ def test_graph_fallback_finds_the_same_producers_as_the_accumulate_hook() -> Non
         hooked = _producers(model, step, accumulate_hook=True)
         fallback = _producers(model, step, accumulate_hook=False)
         assert fallback == hooked
+
+
+def test_in_place_writer_becomes_the_producer() -> None:
+    class InPlace(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(1, 2, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.conv(x)
+            h.relu_()  # in place: readers of h now depend on relu_, not on the conv
+            out: torch.Tensor = (h * 3.0).sum()
+            return out
+
+    trace = profile(InPlace(), lambda m: m(torch.randn(1, 1, 5, 5)), order_edges=False)
+    fw = [o for o in trace.ops if o.phase == "forward"]
+    by_kind = {_kind_of(o.name): o for o in fw}
+    assert [_kind_of(d) for d in by_kind["relu_"].deps] == ["convolution"]
+    assert [_kind_of(d) for d in by_kind["mul"].deps] == ["relu_"]

@@ -114,18 +114,43 @@ def _is_alias_op(func: Any, base: str) -> bool:
     return base in {"_unsafe_view", "detach", "alias", "lift_fresh"}
 
 
-def _written_args(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[Any]:
+@dataclass(frozen=True, slots=True)
+class _FuncInfo:
+    base: str
+    alias: bool
+    written: tuple[tuple[int, str], ...]  # (position, name) of arguments the op writes
+
+
+# Per-op facts read from the schema once: the recorder's bookkeeping runs for every op call,
+# and less of it means less perturbation of the timings.
+_FUNC_INFO: dict[Any, _FuncInfo] = {}
+
+
+def _func_info(func: Any) -> _FuncInfo:
+    info = _FUNC_INFO.get(func)
+    if info is None:
+        base = _op_base_name(func)
+        try:
+            schema_args = func._schema.arguments
+        except AttributeError:
+            schema_args = []
+        written = tuple(
+            (pos, str(arg.name))
+            for pos, arg in enumerate(schema_args)
+            if arg.alias_info is not None and arg.alias_info.is_write
+        )
+        info = _FuncInfo(base=base, alias=_is_alias_op(func, base), written=written)
+        _FUNC_INFO[func] = info
+    return info
+
+
+def _written_args(
+    info: _FuncInfo, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> list[torch.Tensor]:
     """Tensor arguments the op writes (in-place ``self``, ``out=``), from its schema."""
-    try:
-        schema_args = func._schema.arguments
-    except AttributeError:
-        return []
-    written: list[Any] = []
-    for pos, arg in enumerate(schema_args):
-        info = arg.alias_info
-        if info is None or not info.is_write:
-            continue
-        value = args[pos] if pos < len(args) else kwargs.get(arg.name)
+    written: list[torch.Tensor] = []
+    for pos, name in info.written:
+        value = args[pos] if pos < len(args) else kwargs.get(name)
         written.extend(v for v in tree_leaves(value) if isinstance(v, torch.Tensor))
     return written
 
@@ -249,7 +274,8 @@ class _ForwardMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         t0 = time.perf_counter_ns()
         kwargs = kwargs or {}
         self.flush()
-        base = _op_base_name(func)
+        finfo = _func_info(func)
+        base = finfo.base
         deps: set[int] = set()
         params: list[str] = []
         inputs = [a for a in tree_leaves((args, dict(kwargs))) if isinstance(a, torch.Tensor)]
@@ -291,9 +317,9 @@ class _ForwardMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         t1 = time.perf_counter_ns()
         self.ops.append(op)
         outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
-        for t in (*outs, *_written_args(func, args, kwargs)):
+        for t in (*outs, *_written_args(finfo, args, kwargs)):
             self._producer[self._key(t)] = index
-        if params and _is_alias_op(func, base):
+        if params and finfo.alias:
             for t in outs:
                 self._alias_params[self._key(t)] = op.params
         self._pending = (index, outs)
