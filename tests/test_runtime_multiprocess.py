@@ -26,8 +26,8 @@ WORKER = ROOT / "tests" / "runtime_workers" / "train.py"
 BIN = Path(sys.executable).parent
 STEPS = 50
 CONFIGS = {
-    "torch": "sgd,adam,sgd:online,adam:delay,sgd:online-delay",
-    "horovod": "sgd,adam,sgd:online,adam:delay,sgd:fallback",
+    "torch": "sgd,adam,sgd:online,adam:delay,sgd:online-delay,adam:switch-delay",
+    "horovod": "sgd,adam,sgd:online,adam:delay,sgd:fallback,sgd:switch",
 }
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.torch]
@@ -130,6 +130,19 @@ def test_horovod_random_delays_same_result_no_deadlock(
     horovod_results: dict[tuple[str, int], Any],
 ) -> None:
     _check(horovod_results, "adam:delay")
+
+
+@pytest.mark.horovod
+def test_horovod_schedule_switch_mid_training_is_bitwise(
+    horovod_results: dict[tuple[str, int], Any],
+) -> None:
+    _check(horovod_results, "sgd:switch")
+
+
+def test_torch_schedule_switch_mid_training_with_delays_is_bitwise(
+    torch_results: dict[tuple[str, int], Any],
+) -> None:
+    _check(torch_results, "adam:switch-delay")
 
 
 @pytest.mark.horovod

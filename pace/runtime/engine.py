@@ -52,6 +52,8 @@ class _Flight:
     copy_back: list[tuple[torch.Tensor, int, int]]  # (gradient view, start, stop in buf)
     nbytes: int
     bitmap_at: int  # offset of the readiness bitmap in buf; -1 if none
+    plan: ReplayPlan
+    issued_s: float
     done: threading.Event = field(default_factory=threading.Event)
     agreed: list[bool] | None = None
 
@@ -73,10 +75,15 @@ class Engine:
         timeout_s: float,
         inject_delay_s: float = 0.0,
         seed: int = 0,
+        monitor: Any = None,
     ) -> None:
         self.params = list(params)
         self.infos = list(infos)
         self.plan = plan
+        # Schedule switches: (first iteration, plan), applied by the dispatcher at that boundary.
+        self._switches: list[tuple[int, ReplayPlan]] = []
+        self._monitor = monitor
+        self._last_done_s = 0.0
         self.backend = backend
         self.mode = mode
         self._updater = updater
@@ -92,7 +99,9 @@ class Engine:
         self.steps = 0
         self._marked_in_iteration = 0
         self._pending_zero: list[bool | None] = [None] * n
-        self._remaining = list(plan.pieces_per_param)
+        # (parameter, iteration) -> pieces still in flight; keyed by iteration so a schedule
+        # switch never mixes the piece counts of two plans.
+        self._remaining: dict[tuple[int, int], int] = {}
         self._in_flight_bytes = 0
         self._error: RuntimeReplayError | None = None
         self._stop = False
@@ -151,6 +160,33 @@ class Engine:
             self._marked_in_iteration += 1
             self.marks[i] = k + 1
             self._cv.notify_all()
+        if self._monitor is not None:
+            self._monitor.on_grad_ready(i, time.perf_counter() * 1e6)
+
+    def switch_plan(self, plan: ReplayPlan) -> int:
+        """Replay ``plan`` from the next iteration on; returns that iteration's number.
+
+        Call on every rank at the same iteration boundary (between ``step()`` and the next
+        backward), e.g. when ``pace.drift``'s switch protocol says so: the iteration number is
+        then the same everywhere and so is the order of every later collective.
+        """
+        if self.mode != "replay":
+            raise RuntimeReplayError("the online mode has no schedule to switch")
+        with self._cv:
+            if self._marked_in_iteration:
+                raise RuntimeReplayError(
+                    "switch the schedule between step() and the next backward(), not during one"
+                )
+            at = self.steps
+            self._switches.append((at, plan))
+            self._cv.notify_all()
+        return at
+
+    def _plan_for(self, k: int) -> ReplayPlan:
+        with self._cv:
+            while self._switches and self._switches[0][0] <= k:
+                self.plan = self._switches.pop(0)[1]
+            return self.plan
 
     def close_iteration(self) -> None:
         """``step()``: every gradient not marked yet is final now (zeros if never computed)."""
@@ -314,6 +350,13 @@ class Engine:
             if self._stop:
                 raise _StoppedError
 
+    def _wait_any_marked(self, k: int) -> None:
+        with self._cv:
+            while not (self._marked_in_iteration or self.steps > k):
+                if self._stop:
+                    raise _StoppedError
+                self._cv.wait()
+
     def _wait_credit(self, nbytes: int) -> None:
         with self._cv:
             while self._in_flight_bytes > 0 and self._in_flight_bytes + nbytes > self.credit_bytes:
@@ -350,7 +393,9 @@ class Engine:
             at += n
         return buf, copy_back, (at if bitmap_len else -1)
 
-    def _issue(self, k: int, unit: PlanUnit | None, name: str, bitmap_len: int = 0) -> _Flight:
+    def _issue(
+        self, k: int, unit: PlanUnit | None, name: str, *, plan: ReplayPlan, bitmap_len: int = 0
+    ) -> _Flight:
         if unit is None:
             buf = torch.empty(bitmap_len, dtype=torch.float32)
             copy_back: list[Any] = []
@@ -371,6 +416,8 @@ class Engine:
             copy_back=copy_back,
             nbytes=nbytes,
             bitmap_at=bitmap_at,
+            plan=plan,
+            issued_s=time.perf_counter(),
         )
         self._queue.put(flight)
         return flight
@@ -386,14 +433,19 @@ class Engine:
             k += 1
 
     def _replay_iteration(self, k: int, rng: random.Random) -> None:
-        for unit in self.plan.units:
-            self._dispatch_at = f"{self._describe(unit)} of iteration {k} (waiting for gradients)"
+        # The first mark of iteration k happens after the switch point of k: waiting for it
+        # first makes a switch requested at this boundary visible here.
+        self._wait_any_marked(k)
+        plan = self._plan_for(k)
+        for unit in plan.units:
+            where = f"{plan.describe(unit.index, self.infos)} of iteration {k}"
+            self._dispatch_at = f"{where} (waiting for gradients)"
             self._wait_marked(unit.params, k)
             self._chaos(rng)
             nbytes = unit.numel * _itemsize(self.infos[unit.pieces[0].param])
-            self._dispatch_at = f"{self._describe(unit)} of iteration {k} (waiting for credit)"
+            self._dispatch_at = f"{where} (waiting for credit)"
             self._wait_credit(nbytes)
-            self._issue(k, unit, f"pace.{unit.index}")
+            self._issue(k, unit, f"pace.{unit.index}", plan=plan)
         self._dispatch_at = f"end of iteration {k}"
 
     def _online_iteration(self, k: int, rng: random.Random) -> None:
@@ -435,7 +487,9 @@ class Engine:
                     heapq.heappop(heap)
                     self._dispatch_at = f"{self._describe(unit)} of iteration {k}"
                     self._chaos(rng)
-                    f = self._issue(k, unit, f"pace.p{unit.index}", bitmap_len=n_params)
+                    f = self._issue(
+                        k, unit, f"pace.p{unit.index}", plan=self.plan, bitmap_len=n_params
+                    )
                     flights.append(f)
                     in_flight += f.nbytes
                     sent += 1
@@ -453,7 +507,7 @@ class Engine:
                         raise _StoppedError
                     self._cv.wait()
             self._dispatch_at = f"readiness probe of iteration {k}"
-            probe = self._issue(k, None, "pace.probe", bitmap_len=n_params)
+            probe = self._issue(k, None, "pace.probe", plan=self.plan, bitmap_len=n_params)
             in_flight += probe.nbytes
             fold(probe)
         while flights:
@@ -475,7 +529,7 @@ class Engine:
             if f is None or self._stop:
                 raise _StoppedError
             what = (
-                f"{self._describe(f.unit)} of iteration {f.iteration}"
+                f"{f.plan.describe(f.unit.index, self.infos)} of iteration {f.iteration}"
                 if f.unit is not None
                 else f"readiness probe of iteration {f.iteration}"
             )
@@ -494,6 +548,13 @@ class Engine:
                 self._fail(f"rank {self.backend.rank}: {what} failed: {exc}", exc)
                 raise _StoppedError from exc
             self._oldest_flight = ""
+            if self._monitor is not None and f.unit is not None:
+                # Channel time of this unit: from when the channel could start it (its issue,
+                # or the previous completion) to its completion.
+                now = time.perf_counter()
+                start = max(f.issued_s, self._last_done_s)
+                self._last_done_s = now
+                self._monitor.on_unit_done(f.unit.index, f.nbytes, (now - start) * 1e6)
             self._chaos(rng)
             for view, a, b in f.copy_back:
                 view.copy_(f.buf[a:b])
@@ -506,22 +567,23 @@ class Engine:
                     self._cv.notify_all()
             f.done.set()
             if f.unit is not None:
-                self._finish_pieces(f.unit, f.iteration)
+                self._finish_pieces(f.unit, f.iteration, f.plan)
 
-    def _finish_pieces(self, unit: PlanUnit, k: int) -> None:
+    def _finish_pieces(self, unit: PlanUnit, k: int, plan: ReplayPlan) -> None:
         complete = []
         for piece in unit.pieces:
             i = piece.param
-            self._remaining[i] -= 1
-            if self._remaining[i] == 0:
+            left = self._remaining.pop((i, k), plan.pieces_per_param[i]) - 1
+            if left == 0:
                 complete.append(i)
+            else:
+                self._remaining[(i, k)] = left
         if not complete:
             return
         done = tuple(complete)
         self._updater(done, k)
         with self._cv:
             for i in done:
-                self._remaining[i] = self.plan.pieces_per_param[i]
                 zero = self._pending_zero[i]
                 if zero is not None:
                     # Before the update becomes visible: the next backward must start from a

@@ -92,6 +92,7 @@ class PaceOptimizer(torch.optim.Optimizer):
     _pace_snapshots: dict[int, list[dict[str, Any]]]
     _pace_handles: list[Any]
     _pace_plan: ReplayPlan
+    _pace_infos: list[ParamInfo]
 
     # --- the usual contracts -----------------------------------------------------------------
 
@@ -137,9 +138,26 @@ class PaceOptimizer(torch.optim.Optimizer):
         self._pace_handles.clear()
         self._pace_engine.close()
 
+    def switch_schedule(self, schedule: Schedule, *, where: str = "schedule") -> int:
+        """Replay ``schedule`` from the next iteration on; returns that iteration's number.
+
+        Call on every rank at the same boundary, between ``step()`` and the next backward
+        (``pace.drift``'s switch protocol decides when). The schedule is checked against the
+        model first (``ScheduleMismatchError``); a refused schedule leaves the current one on.
+        """
+        plan = plan_from_schedule(schedule, self._pace_infos, where=where)
+        at = self._pace_engine.switch_plan(plan)
+        self._pace_plan = plan
+        return at
+
     @property
     def pace_plan(self) -> ReplayPlan:
         return self._pace_plan
+
+    @property
+    def pace_param_names(self) -> tuple[str, ...]:
+        """Names of the reduced parameters; a monitor's tensor indices refer to this order."""
+        return tuple(info.name for info in self._pace_infos)
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -237,6 +255,7 @@ def wrap(
     trace: str | Path | Trace | None = None,
     fallback: bool = False,
     options: RuntimeOptions | None = None,
+    monitor: Any = None,
     **knobs: Any,
 ) -> torch.optim.Optimizer:
     """Replay ``schedule`` for ``model``'s gradients; returns the optimizer to train with.
@@ -249,6 +268,9 @@ def wrap(
     ``fallback``: on a schedule that cannot be replayed on this model, warn once and train with
     plain data parallelism (``hvd.DistributedOptimizer``, or one all-reduce per gradient in
     backward order for ``"torch"``) instead of raising ``InputError``/``ScheduleMismatchError``.
+    ``monitor``: e.g. a ``pace.drift.Monitor`` over ``pace_param_names``; the runtime calls its
+    ``on_grad_ready(index, t_us)`` from the gradient hooks and ``on_unit_done(unit, bytes,
+    channel_us)`` from the completion thread (times from ``time.perf_counter``).
     ``knobs``: fields of ``RuntimeOptions`` (``credit_bytes=``, ``timeout_s=``, ...).
 
     Must be called on every rank with the same arguments (the torch backend creates a process
@@ -307,6 +329,7 @@ def wrap(
     wrapped._pace_group_of = group_of
     wrapped._pace_snapshots = {}
     wrapped._pace_plan = plan
+    wrapped._pace_infos = infos
     ref = weakref.ref(wrapped)
 
     def iteration_start(k: int) -> None:
@@ -332,6 +355,7 @@ def wrap(
         timeout_s=options.timeout_s,
         inject_delay_s=options.inject_delay_s,
         seed=options.seed,
+        monitor=monitor,
     )
     wrapped._pace_engine = engine
     wrapped._pace_handles = _install_hooks(engine, model, params)

@@ -83,6 +83,23 @@ def make_schedule(model: nn.Module) -> Schedule:
     )
 
 
+def per_tensor_schedule(model: nn.Module) -> Schedule:
+    """One unit per tensor, in reverse registration order (no partition, no fusion)."""
+    params = list(model.named_parameters())[::-1]
+    return Schedule(
+        trace_digest="sha256:test2",
+        cost_model=CommModel(workers=2, alpha_us=10.0, beta_us_per_byte=0.001),
+        units=tuple(
+            Unit(
+                priority=k,
+                slices=(Slice(tensor=n, offset_bytes=0, size_bytes=p.numel() * p.element_size()),),
+            )
+            for k, (n, p) in enumerate(params)
+        ),
+        predicted_iteration_us=0.0,
+    )
+
+
 def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1_000_003 * (rank + 1) + step)
     return torch.randn(BATCH, 1, 12, 12, generator=g), torch.randint(0, 10, (BATCH,), generator=g)
@@ -105,6 +122,7 @@ def train(
     rank: int,
     *,
     die_at: int = -1,
+    after_step: Any = None,
 ) -> None:
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
     for step in range(steps):
@@ -116,6 +134,8 @@ def train(
         loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         sched.step()
+        if after_step is not None:
+            after_step(step)
 
 
 def init_backend(backend: str) -> tuple[int, int]:
@@ -199,9 +219,18 @@ def run_pace(
         "rank": rank,
         "warnings": [str(w.message) for w in caught],
     }
+    after_step = None
+    if "switch" in variant:
+        # Every rank switches at the same boundaries (every 7 steps), alternating schedules.
+        plans = [per_tensor_schedule(model), make_schedule(model)]
+
+        def after_step(step: int) -> None:
+            if step % 7 == 6:
+                opt.switch_schedule(plans[(step // 7) % 2])  # type: ignore[attr-defined]
+
     t0 = time.perf_counter()
     try:
-        train(model, opt, steps, rank, die_at=die_at)
+        train(model, opt, steps, rank, die_at=die_at, after_step=after_step)
         opt.synchronize()  # type: ignore[attr-defined]
     except Exception as exc:  # reported to the test, which asserts on it
         result["error"] = f"{type(exc).__name__}: {exc}"
