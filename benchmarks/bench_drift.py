@@ -94,8 +94,9 @@ def plot(results: list[tuple[str, ScenarioResult]], path: Path) -> None:
         ax.set_xlabel("iteration")
         ax.set_ylabel("iteration time (ms)")
         ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=8, ncol=3, loc="center left", bbox_to_anchor=(0.005, 0.62))
-    fig.tight_layout()
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, ncol=5, loc="lower center")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
 
