@@ -79,3 +79,15 @@ def test_rejects_bad_input() -> None:
         max_min_dp([1, 2], 3)
     with pytest.raises(ValueError, match="positive"):
         max_min_bisect([1, 0], 1)
+
+
+@given(sizes=st.lists(st.integers(1, 10**4), min_size=1, max_size=40), data=st.data())
+def test_bisection_with_any_bracket_equals_dp(sizes: list[int], data: st.DataObject) -> None:
+    # The sweep passes neighbours' values as a bracket; even a wrong one must not change the answer.
+    r = data.draw(st.integers(1, len(sizes)))
+    lo = data.draw(st.integers(1, sum(sizes)))
+    hi = data.draw(st.integers(1, sum(sizes)))
+    value, starts = max_min_bisect(sizes, r, bracket=(lo, hi))
+    assert value == max_min_dp(sizes, r)[0]
+    _check_partition(sizes, starts, r)
+    assert int(group_sums(sizes, starts).min()) == value

@@ -174,8 +174,19 @@ def _greedy_count_vector(prefix: IntArray, m: int) -> int:
     return count
 
 
-def max_min_bisect(sizes: Sequence[int] | IntArray, n_groups: int) -> tuple[int, IntArray]:
-    """``MaxMinSize(chain, R)`` and a greedy partition attaining it, by binary search on m."""
+def max_min_bisect(
+    sizes: Sequence[int] | IntArray,
+    n_groups: int,
+    *,
+    bracket: tuple[int, int] | None = None,
+) -> tuple[int, IntArray]:
+    """``MaxMinSize(chain, R)`` and a greedy partition attaining it, by binary search on m.
+
+    ``bracket = (lo, hi)``, when given, must contain the answer; the R sweep passes the values of
+    already-solved neighbours (``MaxMinSize`` is non-increasing in R), which cuts most searches
+    to a few steps. Both ends are checked (an infeasible ``lo`` or a feasible ``hi + 1`` widens
+    the search back to the full range), so a wrong bracket costs time, never correctness.
+    """
     arr = _as_sizes(sizes)
     n = int(arr.size)
     _check_groups(n, n_groups)
@@ -193,8 +204,15 @@ def max_min_bisect(sizes: Sequence[int] | IntArray, n_groups: int) -> tuple[int,
     # this narrows the search from [1, total // R] to a window of width max_size.
     hi = total // n_groups
     lo = max(1, hi - int(arr.max()))
+    full_hi = hi
+    if bracket is not None:
+        lo = max(lo, bracket[0])
+        hi = max(lo, min(hi, bracket[1]))
     if not feasible(lo):
         lo = 1
+        hi = full_hi
+    elif hi < full_hi and feasible(hi + 1):
+        hi = full_hi
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if feasible(mid):
@@ -206,13 +224,16 @@ def max_min_bisect(sizes: Sequence[int] | IntArray, n_groups: int) -> tuple[int,
 
 def greedy_partition(prefix: IntArray, m: int, n_groups: int) -> IntArray:
     """First ``R - 1`` greedy groups of sum >= m, then the rest (requires ``c(m) >= R``)."""
-    starts = np.empty(n_groups, dtype=np.int64)
-    starts[0] = 0
+    n = prefix.size - 1
+    # One vectorised search for every group end, then a walk over a Python list (a scalar
+    # numpy call per group would cost ~1 us each, which dominates at thousands of groups).
+    nxt = np.searchsorted(prefix, prefix[:n] + m, side="left").tolist()
+    starts = [0] * n_groups
     i = 0
     for g in range(1, n_groups):
-        i = int(np.searchsorted(prefix, prefix[i] + m, side="left"))
+        i = nxt[i]
         starts[g] = i
-    return starts
+    return np.asarray(starts, dtype=np.int64)
 
 
 def brute_force_max_min(sizes: Sequence[int], n_groups: int) -> int:

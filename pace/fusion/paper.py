@@ -50,13 +50,21 @@ class _Partitioner:
         self.kind = maxmin
         self.sizes = chain.size_bytes
         self._table: MaxMinTable | None = None
+        self._values: dict[int, int] = {}
 
     def __call__(self, n_groups: int) -> IntArray:
         if self.kind == "dp":
             if self._table is None:
                 self._table = max_min_table(self.sizes)
             return self._table.partition(n_groups)
-        return max_min_bisect(self.sizes, n_groups)[1]
+        # MaxMinSize is non-increasing in R: solved neighbours bracket the answer.
+        smaller = [r for r in self._values if r < n_groups]
+        larger = [r for r in self._values if r > n_groups]
+        hi = self._values[max(smaller)] if smaller else int(self.sizes.sum())
+        lo = self._values[min(larger)] if larger else 1
+        value, starts = max_min_bisect(self.sizes, n_groups, bracket=(lo, hi))
+        self._values[n_groups] = value
+        return starts
 
 
 def sweep_r(
