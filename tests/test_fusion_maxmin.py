@@ -66,9 +66,11 @@ def test_bisection_vector_path_equals_dp() -> None:
 
 
 def test_paper_tie_break_is_shortest_first_group() -> None:
-    # [1, 1, 1, 1] into 2: every split has min 2 only at the middle; [2, 1, 1] into 2: first group
-    # {2} (shortest) gives min(2, 2).
-    assert max_min_dp([1, 1, 1, 1], 2) == (2, pytest.approx(np.array([0, 2])))
+    # [3, 1, 3] into 2: {3}|{1, 3} and {3, 1}|{3} both have min 3; Alg. 1's strict `<` keeps the
+    # first (shortest) first group.
+    value, starts = max_min_dp([3, 1, 3], 2)
+    assert value == 3
+    assert starts.tolist() == [0, 1]
     value, starts = max_min_dp([2, 1, 1, 5], 2)
     assert value == 4
     assert starts.tolist() == [0, 3]
