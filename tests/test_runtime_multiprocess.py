@@ -54,12 +54,16 @@ def _env() -> dict[str, str]:
 
 
 def _results(stdout: str) -> dict[tuple[str, int], dict[str, Any]]:
+    # Two ranks share one pipe: a line may hold the tail of another's output, so decode each
+    # result from its marker on rather than line by line.
     out = {}
-    for line in stdout.splitlines():
-        _, sep, payload = line.partition("PACE_RESULT ")
-        if sep:
-            res = json.loads(payload)
-            out[(res["config"], res["rank"])] = res
+    decoder = json.JSONDecoder()
+    marker = "PACE_RESULT "
+    at = stdout.find(marker)
+    while at >= 0:
+        res, _ = decoder.raw_decode(stdout, at + len(marker))
+        out[(res["config"], res["rank"])] = res
+        at = stdout.find(marker, at + len(marker))
     return out
 
 

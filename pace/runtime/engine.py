@@ -352,7 +352,9 @@ class Engine:
 
     def _wait_any_marked(self, k: int) -> None:
         with self._cv:
-            while not (self._marked_in_iteration or self.steps > k):
+            # Iteration k has begun: closed, or current (steps == k) with a gradient marked.
+            # (A mark counted while steps < k belongs to an earlier iteration.)
+            while not (self.steps > k or (self.steps == k and self._marked_in_iteration)):
                 if self._stop:
                     raise _StoppedError
                 self._cv.wait()
