@@ -134,6 +134,7 @@ def local_search(
     current = starts
     best = oracle.score(current)
     spent = 0
+    resume_at = n
     while spent < max_evaluations:
         focus = _focus(oracle, current, n)
         if focus is None:
@@ -144,6 +145,11 @@ def local_search(
         moves: list[tuple[int, ...]] = [(p,) for p in toggles]
         for p in shifts:
             moves.extend((p, q) for q in (p - 1, p + 1) if 0 < q < n and not cuts[q])
+        # Resume the sweep where the last accepted move was instead of at the urgent end again:
+        # moves above it were just tried and mostly still fail. A full pass of the (rotated)
+        # list without improvement is still a local optimum.
+        k = next((i for i, m in enumerate(moves) if m[0] <= resume_at), 0)
+        moves = moves[k:] + moves[:k]
         accepted = False
         for move in moves:
             if spent >= max_evaluations:
@@ -157,6 +163,7 @@ def local_search(
                 best = score
                 current = candidate
                 accepted = True
+                resume_at = move[0]
                 break
             for p in move:
                 cuts[p] = not cuts[p]
