@@ -145,3 +145,22 @@ def test_cli_compile_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str
     err = capsys.readouterr().err
     assert "--no-fusion" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_what_if_compile_replays_under_the_same_what_if(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _trace()
+    trace_path = tmp_path / "t.json"
+    out_path = tmp_path / "s.json"
+    save_trace(trace, trace_path)
+    args = ["--bandwidth-gbps", "1", "--workers", "4"]
+    assert main(["compile", str(trace_path), "-o", str(out_path), "--json", *args]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["cost_model"]["workers"] == 4
+    assert obj["cost_model"]["beta_us_per_byte"] > trace.comm.beta_us_per_byte
+    assert main(["simulate", str(trace_path), "--schedule", str(out_path), "--json", *args]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["iteration_us"] == pytest.approx(obj["predicted_iteration_us"], rel=1e-9)
+    # The schedule records the model it was compiled for; validate replays with it.
+    assert main(["validate", str(out_path), "--trace", str(trace_path)]) == 0
