@@ -52,9 +52,39 @@ class CompileResult:
 
 
 def apply_what_if(
-    trace: Trace, *, bandwidth_gbps: float | None = None, workers: int | None = None
+    trace: Trace,
+    *,
+    bandwidth_gbps: float | None = None,
+    workers: int | None = None,
+    compute_speedup: float | None = None,
 ) -> Trace:
-    """``trace`` with its cost model re-derived for another bandwidth and/or worker count."""
+    """``trace`` as it would be on another cluster.
+
+    ``bandwidth_gbps`` / ``workers`` re-derive the all-reduce cost model (``pace.cost.what_if``).
+    ``compute_speedup`` divides every op duration: a trace profiled on this CPU, replayed as if
+    its computation ran ``compute_speedup`` times faster (an accelerator), with the same DAG,
+    the same relative op costs and the same gradient sizes. CPU-profiled iterations take seconds,
+    which hides any communication; this is how a CPU profile says something about a GPU cluster.
+
+    >>> from pace.synth import random_trace
+    >>> t = random_trace(seed=1, n_layers=2)
+    >>> fast = apply_what_if(t, compute_speedup=10)
+    >>> fast.ops[0].duration_us * 10 == t.ops[0].duration_us
+    True
+    """
+    if compute_speedup is not None:
+        if not (isinstance(compute_speedup, int | float) and compute_speedup > 0) or not (
+            compute_speedup < float("inf")
+        ):
+            raise InputError(
+                f"must be a finite number > 0, got {compute_speedup!r}", where="--compute-speedup"
+            )
+        ops = tuple(
+            dataclasses.replace(op, duration_us=op.duration_us / compute_speedup)
+            for op in trace.ops
+        )
+        meta = {**trace.meta, "compute_speedup": compute_speedup}
+        trace = dataclasses.replace(trace, ops=ops, meta=meta)
     if bandwidth_gbps is None and workers is None:
         return trace
     from pace.cost import what_if
@@ -70,6 +100,7 @@ def compile_trace(
     solver: str = "exact",
     bandwidth_gbps: float | None = None,
     workers: int | None = None,
+    compute_speedup: float | None = None,
     baselines: bool = True,
 ) -> CompileResult:
     """Fuse, schedule and measure ``trace`` (see the module docstring).
@@ -77,7 +108,10 @@ def compile_trace(
     ``fusion`` is ``"search"`` (default), ``"paper"`` (PACE Alg. 1) or ``"none"``; ``solver`` is
     ``"exact"`` or ``"lp"`` (on a ``SolverError``, or when the LP's schedule replays slower than
     the exact solver's, the exact one is used and a warning recorded). ``bandwidth_gbps`` and
-    ``workers`` compile for a what-if cost model.
+    ``workers`` compile for a what-if cost model; ``compute_speedup`` for faster computation
+    (``apply_what_if``). A compute what-if changes op durations, hence the trace digest: the
+    schedule keeps the digest of the trace it was given (so it still matches that file and the
+    model) and records ``meta["compute_speedup"]``, which ``pace validate`` re-applies.
 
     >>> from pace.synth import random_trace
     >>> r = compile_trace(random_trace(seed=2, n_layers=5, alpha_us=30.0))
@@ -97,7 +131,9 @@ def compile_trace(
     t0 = time.perf_counter()
     stages: dict[str, float] = {}
     warnings: list[str] = []
-    compiled = apply_what_if(trace, bandwidth_gbps=bandwidth_gbps, workers=workers)
+    compiled = apply_what_if(
+        trace, bandwidth_gbps=bandwidth_gbps, workers=workers, compute_speedup=compute_speedup
+    )
 
     t = time.perf_counter()
     outcome = fuse(compiled, method=fusion)
@@ -125,6 +161,14 @@ def compile_trace(
                     f"{exact.predicted_iteration_us:.1f} us"
                 )
                 sched = exact
+    if compute_speedup is not None:
+        from pace.io import trace_digest
+
+        sched = dataclasses.replace(
+            sched,
+            trace_digest=trace_digest(trace),
+            meta={**sched.meta, "compute_speedup": compute_speedup},
+        )
     stages["schedule"] = time.perf_counter() - t
     # Compile time is the time to the schedule; the bound and the baselines are measurements.
     compile_seconds = time.perf_counter() - t0

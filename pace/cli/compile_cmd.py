@@ -49,6 +49,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="what-if: compile for this link bandwidth",
     )
     p.add_argument("--workers", type=int, metavar="W", help="what-if: compile for W workers")
+    p.add_argument(
+        "--compute-speedup",
+        type=float,
+        metavar="X",
+        help="what-if: computation X times faster than profiled (e.g. a GPU vs this CPU)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -75,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         solver=args.solver,
         bandwidth_gbps=args.bandwidth_gbps,
         workers=args.workers,
+        compute_speedup=args.compute_speedup,
     )
     save_schedule(result.schedule, args.output)
     for w in result.warnings:

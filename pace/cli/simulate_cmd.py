@@ -30,6 +30,12 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
         "--workers", type=int, metavar="W", help="what-if: re-derive the cost for W workers"
     )
     p.add_argument(
+        "--compute-speedup",
+        type=float,
+        metavar="X",
+        help="what-if: computation X times faster than profiled (e.g. a GPU vs this CPU)",
+    )
+    p.add_argument(
         "--credit",
         type=int,
         metavar="N",
@@ -75,11 +81,14 @@ def load_trace_what_if(args: argparse.Namespace) -> Any:
     from pace.io import load_trace
 
     trace = load_trace(args.trace)
-    if args.bandwidth_gbps is None and args.workers is None:
-        return trace
     from pace.compiler import apply_what_if
 
-    return apply_what_if(trace, bandwidth_gbps=args.bandwidth_gbps, workers=args.workers)
+    return apply_what_if(
+        trace,
+        bandwidth_gbps=args.bandwidth_gbps,
+        workers=args.workers,
+        compute_speedup=args.compute_speedup,
+    )
 
 
 def sim_options(args: argparse.Namespace) -> Any:

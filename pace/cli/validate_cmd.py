@@ -50,11 +50,19 @@ _PREDICTION_RTOL = 1e-6
 def _check_prediction(schedule: Schedule, trace: Trace, where: str) -> None:
     """``predicted_iteration_us`` must be the replay of exactly this file (DESIGN.md).
 
-    The replay uses the schedule's own ``cost_model``: a what-if compile legitimately differs
-    from the trace's measured one.
+    The replay uses the schedule's own ``cost_model`` and ``meta.compute_speedup``: a what-if
+    compile legitimately differs from the trace's measured one.
     """
+    from pace.compiler import apply_what_if
     from pace.sim import schedule_policy, simulate
 
+    speedup = schedule.meta.get("compute_speedup")
+    if speedup is not None:
+        if not isinstance(speedup, int | float) or isinstance(speedup, bool) or speedup <= 0:
+            raise InputError(
+                f"must be a number > 0, got {speedup!r}", where=where, field="meta.compute_speedup"
+            )
+        trace = apply_what_if(trace, compute_speedup=float(speedup))
     replay = simulate(
         dataclasses.replace(trace, comm=schedule.cost_model), schedule_policy(schedule)
     )
