@@ -3,7 +3,8 @@
 The worker (tests/drift_workers/train_switch.py) trains 1,000 iterations with jitter (random
 sleeps on every rank, the runtime's own delay injection in hooks/dispatch/completion); rank 0's
 trigger sees an injected 60% slow-down at iteration 300, recompiles in a background thread and
-broadcasts the new schedule; both ranks switch at the same iteration boundary.
+broadcasts the new schedule; both ranks switch at the same iteration boundary through the
+runtime's ``switch_schedule``, and the runtime feeds the drift monitor (``wrap(monitor=)``).
 """
 
 from __future__ import annotations
@@ -89,4 +90,6 @@ def test_both_ranks_switch_once_at_the_same_agreed_iteration(results: dict[int, 
 def test_monitor_saw_every_iteration_and_no_thread_is_left(results: dict[int, Any]) -> None:
     for rank in (0, 1):
         assert results[rank]["monitored_iterations"] == STEPS
+        # The runtime itself reported unit channel times to the monitor (wrap(monitor=)).
+        assert results[rank]["unit_samples"] >= STEPS
         assert results[rank]["threads"] == []

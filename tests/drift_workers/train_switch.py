@@ -5,14 +5,15 @@ rank trains the same MLP (many small tensors, so fusion matters) on its own seed
 
 1. vanilla ``hvd.DistributedOptimizer`` for ``--steps`` steps (the reference);
 2. the pace runtime from the same initial weights, starting with an unfused schedule. Rank 0
-   runs the drift loop: a ``Monitor`` fed by gradient hooks and iteration boundaries, a
+   runs the drift loop: a ``Monitor`` fed by the runtime and the loop's iteration boundaries, a
    ``DriftController`` whose observed iteration times are *injected* (the link "slows down" by
    60% at ``--drift-at``, with jitter) together with unit durations of a link at half speed,
    and a background ``Replanner`` that recompiles with ``pace.compiler``. Every ``--sync-every``
    iterations all ranks meet in ``SwitchProtocol.boundary`` (one ``hvd.broadcast_object``);
-   an accepted schedule is installed on every rank at the agreed iteration by re-wrapping the
-   optimizer (``synchronize``, ``close``, ``wrap`` again: the runtime's public API; the
-   optimizer state is shared, so momentum carries over).
+   an accepted schedule is installed on every rank at the agreed boundary with the runtime's
+   ``switch_schedule`` (between ``step()`` and the next backward). The runtime feeds the monitor
+   (``wrap(..., monitor=)``: gradient-ready times and unit channel times); the training loop
+   adds the iteration boundaries.
 
 Random sleeps on every rank and the runtime's own delay injection make the ranks drift apart
 in time. Prints one ``DRIFT_RESULT {json}`` line per rank.
@@ -151,7 +152,13 @@ def main() -> int:
         trace = model_trace(model)
         initial = compile_trace(trace, fusion="none", baselines=False).schedule
         knobs = {"inject_delay_s": args.inject_delay_s, "seed": rank, "timeout_s": 120.0}
-        opt = pace.runtime.wrap(base, model, schedule=initial, backend="horovod", **knobs)
+        names = [n for n, _ in model.named_parameters()]
+        monitor = Monitor(names, capacity=32)
+        opt = pace.runtime.wrap(
+            base, model, schedule=initial, backend="horovod", monitor=monitor, **knobs
+        )
+        if list(opt.pace_param_names) != names:
+            raise RuntimeError("the runtime's parameter order is not named_parameters() order")
 
         def bcast(payload: bytes | None) -> bytes:
             out = hvd.broadcast_object(payload, root_rank=0, name="pace.drift.switch")
@@ -160,16 +167,10 @@ def main() -> int:
         proto = SwitchProtocol(
             rank=rank, broadcast_bytes=bcast, sync_every=args.sync_every, lag=args.lag
         )
-        names = [n for n, _ in model.named_parameters()]
-        monitor = Monitor(names, capacity=32)
-        hooks = []
-        clock = time.perf_counter_ns
-        for i, p in enumerate(model.parameters()):
 
-            def on_grad(_p: torch.Tensor, i: int = i) -> None:
-                monitor.on_grad_ready(i, clock() / 1e3)
-
-            hooks.append(p.register_post_accumulate_grad_hook(on_grad))  # type: ignore[no-untyped-call]
+        # The runtime stamps gradients with time.perf_counter() in us: use the same clock.
+        def clock_us() -> float:
+            return time.perf_counter() * 1e6
 
         rng = random.Random(1000 + rank)
         injected: list[float] = []
@@ -212,13 +213,16 @@ def main() -> int:
         # slows down, and after an accepted switch the controller's calibrated prediction of
         # the new schedule (what it would really run at).
         level = initial.predicted_iteration_us
-        monitor.on_iteration_start(clock() / 1e3)
+        monitor.on_iteration_start(clock_us())
+        unit_samples = 0
         for step in range(args.steps):
-            monitor.on_backward_start(clock() / 1e3)
+            monitor.on_backward_start(clock_us())
             one_step(model, opt, rank, step)
             if rng.random() < 0.3:
                 time.sleep(rng.random() * args.jitter_s)
-            monitor.on_iteration_end(clock() / 1e3)
+            monitor.on_iteration_end(clock_us())
+            last = monitor.snapshot(last=1).iterations
+            unit_samples += len(last[-1].unit_samples) if last else 0
             if controller is not None:
                 if step == args.drift_at:
                     level *= 1.6
@@ -230,16 +234,14 @@ def main() -> int:
                     level = controller.trigger.reference_us
             new = proto.boundary(step)
             if new is not None:
-                # Switch at the agreed boundary: drain, stop, replay the new schedule.
-                opt.synchronize()
-                opt.close()
-                opt = pace.runtime.wrap(base, model, schedule=new, backend="horovod", **knobs)
-                switches.append(step + 1)
+                # The agreed boundary: between step() and the next backward, on every rank.
+                at = opt.switch_schedule(new)
+                if at != step + 1:
+                    raise RuntimeError(f"runtime switched at {at}, protocol agreed {step + 1}")
+                switches.append(at)
                 plans.append(units_key(new))
         opt.synchronize()
         opt.close()
-        for h in hooks:
-            h.remove()
         if controller is not None:
             controller.replanner.close()
             result["events"] = [(e.iteration, e.kind) for e in controller.events]
@@ -256,6 +258,7 @@ def main() -> int:
             switches=switches,
             plans=plans,
             monitored_iterations=monitor.iterations_seen,
+            unit_samples=unit_samples,
             threads=[
                 t.name for t in threading.enumerate() if t.name.startswith(("pace-", "Thread"))
             ],
