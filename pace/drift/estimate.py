@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pace.errors import InputError
-from pace.ir import CommModel, Trace
+from pace.ir import CommModel, Op, Trace
 
 __all__ = [
     "OBSERVED_FORMAT",
@@ -300,6 +300,17 @@ class Estimate:
     comm_points: tuple[tuple[int, float], ...] = ()
     """The ``(bytes, median duration_us)`` points the comm model was fitted on."""
 
+    def summary(self) -> dict[str, float | int]:
+        """The scalar fields (not ``comm_points``): ``meta.drift_estimate`` and CLI output."""
+        return {
+            "forward_scale": self.forward_scale,
+            "backward_scale": self.backward_scale,
+            "alpha_us": self.alpha_us,
+            "beta_us_per_byte": self.beta_us_per_byte,
+            "observed_iteration_us": self.observed_iteration_us,
+            "iterations_used": self.iterations_used,
+        }
+
 
 def estimate(
     trace: Trace, stats: ObservedStats, options: EstimateOptions | None = None
@@ -384,18 +395,27 @@ def fit_alpha_beta(points: Sequence[tuple[int, float]], *, workers: int) -> tupl
     return model.alpha_us, model.beta_us_per_byte
 
 
+def phase_scaled_ops(
+    trace: Trace, *, forward_scale: float, backward_scale: float
+) -> tuple[Op, ...]:
+    """``trace.ops`` with forward and backward durations scaled; other phases unchanged."""
+    return tuple(
+        dataclasses.replace(op, duration_us=op.duration_us * forward_scale)
+        if op.phase == "forward"
+        else dataclasses.replace(op, duration_us=op.duration_us * backward_scale)
+        if op.phase == "backward"
+        else op
+        for op in trace.ops
+    )
+
+
 def apply_estimate(trace: Trace, est: Estimate) -> Trace:
     """The trace with op durations scaled per phase and the comm model replaced.
 
     Ops of phase ``optimizer``/``other`` keep their durations: the monitor does not observe them.
     """
-    ops = tuple(
-        dataclasses.replace(op, duration_us=op.duration_us * est.forward_scale)
-        if op.phase == "forward"
-        else dataclasses.replace(op, duration_us=op.duration_us * est.backward_scale)
-        if op.phase == "backward"
-        else op
-        for op in trace.ops
+    ops = phase_scaled_ops(
+        trace, forward_scale=est.forward_scale, backward_scale=est.backward_scale
     )
     comm = dataclasses.replace(
         trace.comm,
@@ -404,14 +424,7 @@ def apply_estimate(trace: Trace, est: Estimate) -> Trace:
         samples=tuple((b, d) for b, d in est.comm_points),
     )
     meta = dict(trace.meta)
-    meta["drift_estimate"] = {
-        "forward_scale": est.forward_scale,
-        "backward_scale": est.backward_scale,
-        "alpha_us": est.alpha_us,
-        "beta_us_per_byte": est.beta_us_per_byte,
-        "observed_iteration_us": est.observed_iteration_us,
-        "iterations_used": est.iterations_used,
-    }
+    meta["drift_estimate"] = est.summary()
     return dataclasses.replace(trace, ops=ops, comm=comm, meta=meta)
 
 

@@ -29,7 +29,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from pace.drift.estimate import EstimateOptions, ObservedStats, apply_estimate, estimate
+from pace.drift.estimate import (
+    EstimateOptions,
+    ObservedStats,
+    apply_estimate,
+    estimate,
+    phase_scaled_ops,
+)
 from pace.drift.trigger import DriftTrigger, TriggerOptions
 from pace.errors import InputError, PaceError
 from pace.ir import Schedule, Trace
@@ -114,14 +120,7 @@ class JitterPredictor(Generic[P]):
             fw = max(0.5, rng.gauss(1.0, self.compute_sd))
             bw = max(0.5, rng.gauss(1.0, self.compute_sd))
             cm = max(0.5, rng.gauss(1.0, self.comm_sd))
-            ops = tuple(
-                dataclasses.replace(op, duration_us=op.duration_us * fw)
-                if op.phase == "forward"
-                else dataclasses.replace(op, duration_us=op.duration_us * bw)
-                if op.phase == "backward"
-                else op
-                for op in trace.ops
-            )
+            ops = phase_scaled_ops(trace, forward_scale=fw, backward_scale=bw)
             comm = dataclasses.replace(
                 trace.comm,
                 alpha_us=trace.comm.alpha_us * cm,

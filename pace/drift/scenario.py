@@ -35,6 +35,7 @@ from pace.drift.estimate import (
     EstimateOptions,
     IterationStats,
     ObservedStats,
+    phase_scaled_ops,
     trace_spans,
 )
 from pace.drift.replan import DriftController, JitterPredictor, Replanner
@@ -183,14 +184,7 @@ class _World:
         fw, bw, cm, _slow = self.draws[it]
         bw_factor = self.opts.bandwidth_at(it)
         base = self.base
-        ops = tuple(
-            dataclasses.replace(op, duration_us=op.duration_us * fw)
-            if op.phase == "forward"
-            else dataclasses.replace(op, duration_us=op.duration_us * bw)
-            if op.phase == "backward"
-            else op
-            for op in base.ops
-        )
+        ops = phase_scaled_ops(base, forward_scale=fw, backward_scale=bw)
         comm = dataclasses.replace(
             base.comm,
             alpha_us=base.comm.alpha_us * cm,
