@@ -248,7 +248,7 @@ class Engine:
                 )
             for i, p in enumerate(self.params):
                 if self.updated[i] >= self.steps:
-                    _zero(p, set_to_none)
+                    zero_param_grad(p, set_to_none)
                 else:
                     self._pending_zero[i] = set_to_none
 
@@ -590,7 +590,7 @@ class Engine:
                 if zero is not None:
                     # Before the update becomes visible: the next backward must start from a
                     # cleared gradient, exactly as if zero_grad() had run after the update.
-                    _zero(self.params[i], zero)
+                    zero_param_grad(self.params[i], zero)
                     self._pending_zero[i] = None
                 self.updated[i] = k + 1
             self._cv.notify_all()
@@ -607,8 +607,8 @@ def _itemsize(info: ParamInfo) -> int:
     return info.element_size
 
 
-def _zero(p: torch.nn.Parameter, set_to_none: bool) -> None:
-    # Same semantics as torch.optim.Optimizer.zero_grad for one parameter.
+def zero_param_grad(p: torch.Tensor, set_to_none: bool) -> None:
+    """``torch.optim.Optimizer.zero_grad`` for one parameter (engine-managed or not)."""
     if p.grad is None:
         return
     if set_to_none:

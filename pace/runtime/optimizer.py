@@ -34,7 +34,7 @@ import torch
 from pace.errors import InputError, RuntimeReplayError
 from pace.ir import Schedule, Trace
 from pace.runtime.backends import make_backend
-from pace.runtime.engine import Engine
+from pace.runtime.engine import Engine, zero_param_grad
 from pace.runtime.plan import (
     ParamInfo,
     ReplayPlan,
@@ -117,7 +117,7 @@ class PaceOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 if id(p) not in managed and p.grad is not None:
-                    _zero_one(p, set_to_none)
+                    zero_param_grad(p, set_to_none)
 
     def synchronize(self) -> None:
         """Wait for every outstanding collective and parameter update (or raise their error)."""
@@ -183,19 +183,6 @@ class PaceOptimizer(torch.optim.Optimizer):
         view.__dict__["_optimizer_step_pre_hooks"] = OrderedDict()
         view.__dict__["_optimizer_step_post_hooks"] = OrderedDict()
         self._pace_base.step(view)
-
-
-def _zero_one(p: torch.Tensor, set_to_none: bool) -> None:
-    if p.grad is None:
-        return
-    if set_to_none:
-        p.grad = None
-    else:
-        if p.grad.grad_fn is not None:
-            p.grad.detach_()
-        else:
-            p.grad.requires_grad_(False)
-        p.grad.zero_()
 
 
 def _param_info(name: str, p: torch.nn.Parameter) -> ParamInfo:
