@@ -77,17 +77,14 @@ def recompile(
     result = compile_trace(new_trace, fusion=fusion, solver=solver, baselines=False)
     seconds = time.perf_counter() - t0
     predicted = float(result.predicted_iteration_us)
-    if current is None:
-        return RecompileResult(
-            schedule=result.schedule,
-            trace=new_trace,
-            estimate=est,
-            predicted_iteration_us=predicted,
-            compile_seconds=seconds,
-        )
-    current_us = float(simulate(new_trace, schedule_policy(current)).iteration_us)
-    opts = trigger_options if trigger_options is not None else TriggerOptions()
-    gain = (current_us - predicted) / current_us if current_us > 0 else 0.0
+    current_us: float | None = None
+    gain: float | None = None
+    switch: bool | None = None
+    if current is not None:
+        current_us = float(simulate(new_trace, schedule_policy(current)).iteration_us)
+        opts = trigger_options if trigger_options is not None else TriggerOptions()
+        gain = (current_us - predicted) / current_us if current_us > 0 else 0.0
+        switch = gain > opts.gain_threshold
     return RecompileResult(
         schedule=result.schedule,
         trace=new_trace,
@@ -96,5 +93,5 @@ def recompile(
         compile_seconds=seconds,
         current_us=current_us,
         gain=gain,
-        switch=gain > opts.gain_threshold,
+        switch=switch,
     )
