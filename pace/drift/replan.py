@@ -331,28 +331,23 @@ class DriftController(Generic[P]):
         bias = 1.0
         if self._calibrate and self._observed_us > 0 and cand.current_us > 0:
             bias = self._observed_us / cand.current_us
-        if self.trigger.should_switch(current_us=cand.current_us, candidate_us=cand.candidate_us):
+        switch = self.trigger.should_switch(
+            current_us=cand.current_us, candidate_us=cand.candidate_us
+        )
+        if switch:
             self.plan = cand.plan
-            self.trigger.resolve(reference_us=cand.candidate_us * bias)
-            self.events.append(
-                DriftEvent(
-                    iteration=it,
-                    kind="switched",
-                    current_us=cand.current_us,
-                    candidate_us=cand.candidate_us,
-                )
-            )
-            return cand.plan
-        self.trigger.resolve(reference_us=cand.current_us * bias)
+        # The band moves to the prediction of whichever schedule runs from now on.
+        running_us = cand.candidate_us if switch else cand.current_us
+        self.trigger.resolve(reference_us=running_us * bias)
         self.events.append(
             DriftEvent(
                 iteration=it,
-                kind="kept",
+                kind="switched" if switch else "kept",
                 current_us=cand.current_us,
                 candidate_us=cand.candidate_us,
             )
         )
-        return None
+        return cand.plan if switch else None
 
 
 # ---------------------------------------------------------------------------------------------
