@@ -102,9 +102,7 @@ def default_knobs(policy: str) -> dict[str, float]:
             "threshold_bytes": float(pol.HOROVOD_FUSION_THRESHOLD_BYTES),
             "cycle_us": float(pol.HOROVOD_CYCLE_TIME_US),
         }
-    raise InputError(
-        f"no knob space for policy {policy!r}; tunable: {sorted(SPACES)}", field="policy"
-    )
+    raise _unknown(policy)
 
 
 def knob_policy(policy: str, knobs: Knobs) -> Any:
@@ -120,9 +118,7 @@ def knob_policy(policy: str, knobs: Knobs) -> Any:
         return POLICIES["horovod"](
             threshold_bytes=int(knobs["threshold_bytes"]), cycle_us=float(knobs["cycle_us"])
         )
-    raise InputError(
-        f"no knob space for policy {policy!r}; tunable: {sorted(SPACES)}", field="policy"
-    )
+    raise _unknown(policy)
 
 
 def simulate_knobs(trace: Trace, policy: str, knobs: Knobs, *, options: Any = None) -> float:
@@ -223,9 +219,7 @@ def tune(
     ``options`` are ``pace.sim.SimOptions`` passed to every replay (e.g. ``one_compute_stream``).
     """
     if policy not in SPACES:
-        raise InputError(
-            f"no knob space for policy {policy!r}; tunable: {sorted(SPACES)}", field="policy"
-        )
+        raise _unknown(policy)
     dims = tuple(space) if space is not None else SPACES[policy]
     defaults = default_knobs(policy)
     default_us = simulate_knobs(trace, policy, defaults, options=options)
