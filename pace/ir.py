@@ -11,7 +11,6 @@ Field names carry units (``_us``, ``_bytes``). The JSON keys of the contracts in
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -142,7 +141,3 @@ class Schedule:
     def ordered_units(self) -> tuple[Unit, ...]:
         """Units by priority; ties keep file order (a stable sort), as the replay does."""
         return tuple(sorted(self.units, key=lambda u: u.priority))
-
-
-def is_finite_nonneg(x: float) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x >= 0

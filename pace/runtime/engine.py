@@ -278,10 +278,6 @@ class Engine:
                 t.join(self.timeout_s + 5.0)
         self.backend.close()
 
-    @property
-    def alive_threads(self) -> list[threading.Thread]:
-        return [t for t in self._threads if t.is_alive()]
-
     # -----------------------------------------------------------------------------------------
     # Errors and waiting
 
