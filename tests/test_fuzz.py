@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,34 +98,31 @@ def mutated_traces(draw: st.DrawFn) -> str:
     return draw(mutated(trace_to_dict(trace)))
 
 
-@settings(max_examples=300)
-@given(text=mutated_traces())
-def test_mutated_traces_load_or_raise_input_error(tmp_path_factory: Any, text: str) -> None:
-    path = tmp_path_factory.mktemp("fz") / "t.json"
+def _loads_or_one_line_error(path: Path, text: str, load: Callable[[Path], object]) -> None:
+    """``load(path)`` either succeeds or raises an ``InputError`` of one line naming ``path``."""
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
     message = ""
     try:
-        load_trace(path)
+        load(path)
     except InputError as exc:
         message = str(exc)
     if message:
         assert message.startswith(str(path))
         assert "\n" not in message
+
+
+@settings(max_examples=300)
+@given(text=mutated_traces())
+def test_mutated_traces_load_or_raise_input_error(tmp_path_factory: Any, text: str) -> None:
+    _loads_or_one_line_error(tmp_path_factory.mktemp("fz") / "t.json", text, load_trace)
 
 
 @settings(max_examples=300)
 @given(text=mutated(TINY_SCHEDULE))
 def test_mutated_schedules_load_or_raise_input_error(tmp_path_factory: Any, text: str) -> None:
-    path = tmp_path_factory.mktemp("fz") / "s.json"
-    path.write_text(text, encoding="utf-8", errors="surrogatepass")
-    message = ""
-    try:
-        load_schedule(path, trace=TINY)
-    except InputError as exc:
-        message = str(exc)
-    if message:
-        assert message.startswith(str(path))
-        assert "\n" not in message
+    _loads_or_one_line_error(
+        tmp_path_factory.mktemp("fz") / "s.json", text, lambda p: load_schedule(p, trace=TINY)
+    )
 
 
 @settings(max_examples=100)
