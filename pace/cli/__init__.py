@@ -49,13 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for modname in _COMMANDS:
-        try:
-            mod = importlib.import_module(modname)
-        except ModuleNotFoundError as exc:
-            if exc.name == modname:  # command not built yet in this checkout
-                continue
-            raise
-        mod.register(sub)
+        importlib.import_module(modname).register(sub)
     return parser
 
 
