@@ -322,6 +322,25 @@ def run_scenario(
             seed=opts.seed,
         )
 
+    def controller(
+        plan: P,
+        predicted_us: float,
+        compile_fn: Callable[[Trace], P],
+        predict_fn: Callable[[Trace, P], float],
+        recent: _Recent,
+    ) -> DriftController[P]:
+        # Synchronous: the simulated run compiles at once, as if it took no iterations.
+        return DriftController(
+            trace=trace,
+            plan=plan,
+            predicted_iteration_us=predicted_us,
+            replanner=Replanner(compile_fn=compile_fn, predict_fn=predict_fn),
+            observed=recent.observed,
+            trigger_options=opts.trigger,
+            estimate_options=est_opts,
+            synchronous=True,
+        )
+
     need_pace = {"pace-replanned", "pace-static"} & set(systems)
     base_schedule: Schedule | None = None
     if need_pace:
@@ -334,18 +353,12 @@ def run_scenario(
         seconds: list[float] = []
         recent = _Recent()
         if name == "pace-replanned":
-            ctl = DriftController(
-                trace=trace,
-                plan=base_schedule,
-                predicted_iteration_us=base_schedule.predicted_iteration_us,
-                replanner=Replanner(
-                    compile_fn=timed(compile_schedule, seconds),
-                    predict_fn=robust(predict_schedule),
-                ),
-                observed=recent.observed,
-                trigger_options=opts.trigger,
-                estimate_options=est_opts,
-                synchronous=True,
+            ctl = controller(
+                base_schedule,
+                base_schedule.predicted_iteration_us,
+                timed(compile_schedule, seconds),
+                robust(predict_schedule),
+                recent,
             )
         runners.append(
             _Adaptive(
@@ -381,17 +394,12 @@ def run_scenario(
             def predict_knobs(t: Trace, k: Mapping[str, float]) -> float:
                 return simulate_knobs(t, "bytescheduler", k)
 
-            kctl = DriftController(
-                trace=trace,
-                plan=knobs,
-                predicted_iteration_us=simulate_knobs(trace, "bytescheduler", knobs),
-                replanner=Replanner(
-                    compile_fn=timed(retune, seconds_bs), predict_fn=robust(predict_knobs)
-                ),
-                observed=recent.observed,
-                trigger_options=opts.trigger,
-                estimate_options=est_opts,
-                synchronous=True,
+            kctl = controller(
+                knobs,
+                simulate_knobs(trace, "bytescheduler", knobs),
+                timed(retune, seconds_bs),
+                robust(predict_knobs),
+                recent,
             )
         runners.append(
             _Adaptive(
