@@ -100,7 +100,8 @@ def plan_from_schedule(
     index = {p.name: i for i, p in enumerate(params)}
     in_schedule = list(dict.fromkeys(s.tensor for u in schedule.units for s in u.slices))
     unknown = [n for n in in_schedule if n not in index]
-    missing = [p.name for p in params if p.name not in set(in_schedule)]
+    scheduled = set(in_schedule)
+    missing = [p.name for p in params if p.name not in scheduled]
     if unknown or missing:
         problems = []
         if unknown:
