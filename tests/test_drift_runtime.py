@@ -9,7 +9,6 @@ runtime's ``switch_schedule``, and the runtime feeds the drift monitor (``wrap(m
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.worker_output import marked_results
 
 pytest.importorskip("torch")
 
@@ -38,13 +39,7 @@ pytestmark = [
 
 
 def _results(stdout: str) -> dict[int, dict[str, Any]]:
-    out = {}
-    for line in stdout.splitlines():
-        _, sep, payload = line.partition("DRIFT_RESULT ")
-        if sep:
-            res = json.loads(payload)
-            out[int(res["rank"])] = res
-    return out
+    return {int(r["rank"]): r for r in marked_results(stdout, "DRIFT_RESULT ")}
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ random delays in hooks/dispatch/completion, the fallback); each test asserts on 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.worker_output import marked_results
 
 pytest.importorskip("torch")
 
@@ -54,17 +55,7 @@ def _env() -> dict[str, str]:
 
 
 def _results(stdout: str) -> dict[tuple[str, int], dict[str, Any]]:
-    # Two ranks share one pipe: a line may hold the tail of another's output, so decode each
-    # result from its marker on rather than line by line.
-    out = {}
-    decoder = json.JSONDecoder()
-    marker = "PACE_RESULT "
-    at = stdout.find(marker)
-    while at >= 0:
-        res, _ = decoder.raw_decode(stdout, at + len(marker))
-        out[(res["config"], res["rank"])] = res
-        at = stdout.find(marker, at + len(marker))
-    return out
+    return {(r["config"], r["rank"]): r for r in marked_results(stdout, "PACE_RESULT ")}
 
 
 def _run(cmd: list[str], timeout_s: float) -> dict[tuple[str, int], dict[str, Any]]:
