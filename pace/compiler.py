@@ -102,6 +102,8 @@ def compile_trace(
     workers: int | None = None,
     compute_speedup: float | None = None,
     baselines: bool = True,
+    robust: bool | None = None,
+    robust_tolerance: float | None = None,
 ) -> CompileResult:
     """Fuse, schedule and measure ``trace`` (see the module docstring).
 
@@ -112,6 +114,10 @@ def compile_trace(
     (``apply_what_if``). A compute what-if changes op durations, hence the trace digest: the
     schedule keeps the digest of the trace it was given (so it still matches that file and the
     model) and records ``meta["compute_speedup"]``, which ``pace validate`` re-applies.
+    ``robust`` (default ``pace.lp.ROBUST_DEFAULT``): among candidates nominally within a small
+    tolerance of the best, pick the one with the best mean replay under timing jitter
+    (``pace.lp.schedule``; ``docs/scheduling.md``, "Robustness to jitter");
+    ``robust_tolerance`` (default ``pace.lp.ROBUST_TOLERANCE``, 0.5%) is that tolerance.
 
     >>> from pace.synth import random_trace
     >>> r = compile_trace(random_trace(seed=2, n_layers=5, alpha_us=30.0))
@@ -125,8 +131,15 @@ def compile_trace(
     if solver not in SOLVERS:
         raise InputError(f"must be one of {', '.join(SOLVERS)}, got {solver!r}", field="solver")
     from pace.fusion import fuse
-    from pace.lp import lower_bound_us, schedule
+    from pace.lp import ROBUST_DEFAULT, ROBUST_TOLERANCE, lower_bound_us
+    from pace.lp import schedule as lp_schedule
     from pace.sim import compare
+
+    robust_on = ROBUST_DEFAULT if robust is None else robust
+    tol = ROBUST_TOLERANCE if robust_tolerance is None else robust_tolerance
+
+    def schedule(target: Trace, plan: FusionPlan, *, solver: str) -> Schedule:
+        return lp_schedule(target, plan, solver=solver, robust=robust_on, robust_tolerance=tol)
 
     t0 = time.perf_counter()
     stages: dict[str, float] = {}
@@ -136,7 +149,7 @@ def compile_trace(
     )
 
     t = time.perf_counter()
-    outcome = fuse(compiled, method=fusion)
+    outcome = fuse(compiled, method=fusion, robust=robust_on, robust_tolerance=tol)
     plan = outcome.plan
     stages["fusion"] = time.perf_counter() - t
 

@@ -55,6 +55,20 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         metavar="X",
         help="what-if: computation X times faster than profiled (e.g. a GPU vs this CPU)",
     )
+    p.add_argument(
+        "--robust",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="pick, among schedules nominally within --robust-tolerance of the best, the one "
+        "with the best mean replay under timing jitter (default: on; see docs/scheduling.md)",
+    )
+    p.add_argument(
+        "--robust-tolerance",
+        type=float,
+        metavar="F",
+        default=None,
+        help="relative nominal slow-down a robust choice may cost (default 0.005)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -82,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
         bandwidth_gbps=args.bandwidth_gbps,
         workers=args.workers,
         compute_speedup=args.compute_speedup,
+        robust=args.robust,
+        robust_tolerance=args.robust_tolerance,
     )
     save_schedule(result.schedule, args.output)
     for w in result.warnings:
@@ -112,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
                 "fusion_groups": [{"tensors": names, "bytes": b} for names, b in groups],
                 "fusion_details": details,
                 "solver": args.solver,
+                "robust": result.schedule.meta.get("robust"),
                 "cost_model": {
                     "alpha_us": result.trace.comm.alpha_us,
                     "beta_us_per_byte": result.trace.comm.beta_us_per_byte,

@@ -68,6 +68,8 @@ def plan_fusion(
     full_enumeration_max: int = FULL_ENUMERATION_MAX,
     max_evaluations: int | None = None,
     verify_top: int = 3,
+    robust: bool | None = None,
+    robust_tolerance: float | None = None,
 ) -> FusionPlan:
     """Partition ``trace``'s tensors into fusion groups (see the module docstring).
 
@@ -76,7 +78,11 @@ def plan_fusion(
     paper's table, ``"bisect"``: binary search, ``"auto"``: DP up to 300 tensors);
     ``full_enumeration_max`` bounds the chain length for which Alg. 1 prices every R;
     ``max_evaluations`` bounds local-search moves; ``verify_top`` is how many of the search's best
-    candidates are replayed besides no fusion and Alg. 1's choice.
+    candidates are replayed besides no fusion and Alg. 1's choice. ``robust`` (default off; the
+    compile pipeline turns it on) compiles the candidates with ``pace.lp.schedule(robust=...)`` and,
+    among the replayed plans nominally within its tolerance of the best (and no worse than no
+    fusion and Alg. 1's choice), keeps the one with the best mean jittered replay;
+    ``robust_tolerance`` overrides ``pace.lp.ROBUST_TOLERANCE``.
 
     >>> from pace.synth import random_trace
     >>> trace = random_trace(seed=3, n_layers=6, alpha_us=40.0)
@@ -92,6 +98,8 @@ def plan_fusion(
         full_enumeration_max=full_enumeration_max,
         max_evaluations=max_evaluations,
         verify_top=verify_top,
+        robust=robust,
+        robust_tolerance=robust_tolerance,
     ).plan
 
 
@@ -104,6 +112,8 @@ def fuse(
     full_enumeration_max: int = FULL_ENUMERATION_MAX,
     max_evaluations: int | None = None,
     verify_top: int = 3,
+    robust: bool | None = None,
+    robust_tolerance: float | None = None,
 ) -> FusionOutcome:
     """:func:`plan_fusion`, also returning the verified schedule (saves the compiler a solve)."""
     if method not in METHODS:
@@ -113,7 +123,9 @@ def fuse(
     if len(trace.tensors) <= 1:
         plan = FusionPlan.singletons(trace)
         plan = FusionPlan(groups=plan.groups, method=str(method), details={"n_groups": 1})
-        sched = _schedule_exact(trace, plan) if method == "search" else None
+        sched = (
+            _schedule_exact(trace, plan, robust, robust_tolerance) if method == "search" else None
+        )
         return FusionOutcome(plan=plan, schedule=sched)
     chain = build_chain(trace)
     cost = ChainOracle(chain=chain, trace=trace, plan_oracle=oracle)
@@ -174,11 +186,31 @@ def fuse(
             plan = FusionPlan.singletons(trace)
         else:
             plan = chain.plan(cand.starts, method="search", details={})
-        sched = _schedule_exact(trace, plan)
+        sched = _schedule_exact(trace, plan, robust, robust_tolerance)
         replayed[cand.label] = sched.predicted_iteration_us
         verified.append((sched.predicted_iteration_us, rank, plan, sched))
     # Ties keep the oracle's ranking.
-    _, best_rank, best_plan, best_schedule = min(verified, key=lambda v: (v[0], v[1]))
+    best_us, best_rank, best_plan, best_schedule = min(verified, key=lambda v: (v[0], v[1]))
+    robust_mean = best_schedule.meta.get("robust", {}).get("jitter_mean_us")
+    if robust_mean is not None:
+        from pace.lp import ROBUST_TOLERANCE
+
+        tol = ROBUST_TOLERANCE if robust_tolerance is None else robust_tolerance
+        # Nominally within the tolerance of the best, and never worse than the two references
+        # (a skipped reference's oracle value is a lower bound on its replay).
+        limit = best_us * (1.0 + tol)
+        for cand in chosen:
+            if cand.label in ("none", paper_label):
+                ref_us = replayed.get(cand.label, cand.cost_us)
+                limit = min(limit, ref_us)
+        limit = max(limit, best_us)
+        pick = (float(robust_mean), best_us, best_rank)
+        for us, rank, _, sched in verified:
+            mean_us = sched.meta.get("robust", {}).get("jitter_mean_us")
+            if mean_us is not None and us <= limit and (float(mean_us), us, rank) < pick:
+                pick = (float(mean_us), us, rank)
+        best_rank = pick[2]
+        _, _, best_plan, best_schedule = next(v for v in verified if v[1] == best_rank)
     best_cand = chosen[best_rank]
     details = {
         **paper_details,
@@ -193,7 +225,15 @@ def fuse(
     return FusionOutcome(plan=plan, schedule=best_schedule)
 
 
-def _schedule_exact(trace: Trace, plan: FusionPlan) -> Schedule:
-    from pace.lp import schedule
+def _schedule_exact(
+    trace: Trace, plan: FusionPlan, robust: bool | None, robust_tolerance: float | None
+) -> Schedule:
+    from pace.lp import ROBUST_TOLERANCE, schedule
 
-    return schedule(trace, plan, solver="exact")
+    return schedule(
+        trace,
+        plan,
+        solver="exact",
+        robust=bool(robust),
+        robust_tolerance=ROBUST_TOLERANCE if robust_tolerance is None else robust_tolerance,
+    )

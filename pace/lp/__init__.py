@@ -25,6 +25,7 @@ from pace.ir import FusionPlan, Schedule, Trace, Unit
 from pace.lp.exact import ExactSolution, solve_exact
 from pace.lp.extract import (
     Candidate,
+    grace_candidates,
     overhead_aware_candidates,
     replay_us,
     retime_pieces,
@@ -42,18 +43,33 @@ from pace.lp.model import (
     solve_lp,
 )
 from pace.lp.reduction import Reduction, reduction
+from pace.lp.robust import (
+    ROBUST_SAMPLES,
+    ROBUST_SD,
+    ROBUST_TOLERANCE,
+    JitterWorlds,
+    jitter_worlds,
+    jittered_replays_us,
+)
 
 __all__ = [
     "BACKENDS",
     "DEFAULT_MAX_SLOTS",
+    "ROBUST_DEFAULT",
+    "ROBUST_SAMPLES",
+    "ROBUST_SD",
+    "ROBUST_TOLERANCE",
     "SOLVERS",
     "Candidate",
     "ExactSolution",
+    "JitterWorlds",
     "LpSolution",
     "Reduction",
     "SlotInstance",
     "best_units",
     "choose_slot_us",
+    "jitter_worlds",
+    "jittered_replays_us",
     "lower_bound_us",
     "lp_pieces",
     "reduction",
@@ -71,6 +87,21 @@ SOLVERS: tuple[str, ...] = ("exact", "lp")
 # The simulator replays the few best candidates (by our own fast replay) to pick the winner;
 # more would only cost time: the fast replay implements the same semantics.
 _SIM_VERIFY = 3
+
+ROBUST_DEFAULT = True
+"""Whether the compile pipeline (``pace.compiler.compile_trace``, ``pace compile``) picks
+candidates robust to jitter by default (``docs/scheduling.md``, "Robustness to jitter", has the
+measurements behind it). :func:`schedule` itself defaults to the nominal optimum."""
+
+# Grace ladder of the robust candidates (fraction of each job's release time), and the slice
+# ladder (longest job / d) applied to each.
+_GRACE_FRACTIONS = (0.0, 0.0025, 0.005, 0.01, 0.02)
+_SLICE_DIVISORS = (2, 4, 8, 16, 32)
+# Budget of unit replays (units x worlds, summed over candidates) for the robust selection:
+# every admissible candidate at small N, the best few by nominal replay at large N, where one
+# jittered replay of thousands of units is tens of milliseconds.
+_ROBUST_BUDGET = 400_000
+_ROBUST_MIN_POOL = 4
 
 
 def lower_bound_us(trace: Trace) -> float:
@@ -180,6 +211,10 @@ def schedule(
     slot_us: float | None = None,
     max_slots: int = DEFAULT_MAX_SLOTS,
     overhead_aware: bool = True,
+    robust: bool = False,
+    robust_samples: int = ROBUST_SAMPLES,
+    robust_sd: float = ROBUST_SD,
+    robust_tolerance: float = ROBUST_TOLERANCE,
 ) -> Schedule:
     """The compiled schedule of ``trace`` under fusion ``plan`` (no fusion if ``None``).
 
@@ -189,6 +224,14 @@ def schedule(
     overhead-aware search seeded with the LP's plan instead of the exact one. The winner among
     the candidates is the one the simulator (``pace.sim.simulate``) replays fastest, and
     ``predicted_iteration_us`` is that replay.
+
+    ``robust=True``: also consider candidates with slack at their preemption points, and among
+    the candidates whose nominal replay is within ``robust_tolerance`` (relative) of the best one
+    — and no worse than the FIFO, need-order (TicTac) and P3 candidates — take the one with the
+    best mean replay over ``robust_samples`` jittered copies of the trace (op durations times
+    lognormal factors with log-sd ``robust_sd``, fixed seed; :mod:`pace.lp.robust`).
+    ``predicted_iteration_us`` is still the nominal simulator replay of exactly the chosen units;
+    ``meta["robust"]`` records both choices' nominal and jittered values.
 
     Raises ``InputError`` for a bad trace/plan/option and, for ``solver="lp"``,
     ``InfeasibleError`` / ``SolverTimeoutError`` / ``SolverMissingError``.
@@ -205,6 +248,10 @@ def schedule(
     t0 = time.perf_counter()
     if not (time_limit_s > 0 and math.isfinite(time_limit_s)):
         raise InputError(f"must be a positive number, got {time_limit_s!r}", field="time_limit_s")
+    if robust_samples < 1:
+        raise InputError(f"must be >= 1, got {robust_samples!r}", field="robust_samples")
+    if not (0 <= robust_tolerance < 1):
+        raise InputError(f"must be in [0, 1), got {robust_tolerance!r}", field="robust_tolerance")
     _, cands, info = best_units(
         trace,
         plan,
@@ -216,6 +263,8 @@ def schedule(
         overhead_aware=overhead_aware,
     )
     red = reduction(trace, plan)
+    if robust and overhead_aware:
+        cands.extend(grace_candidates(red, trace.comm, _GRACE_FRACTIONS, _SLICE_DIVISORS))
     ranked = sorted(cands, key=lambda c: c.replay_us)
     verified: list[tuple[float, int, Candidate, tuple[Unit, ...]]] = []
     seen: set[tuple[Unit, ...]] = set()
@@ -231,6 +280,8 @@ def schedule(
         seen.add(units)
         sim_us = simulate(trace, units_policy(units, name=cand.name)).iteration_us
         verified.append((sim_us, pos, cand, units))
+    p3_us = math.inf
+    p3_units: tuple[Unit, ...] = ()
     if singletons and trace.comm.alpha_us > 0:
         # With a per-call latency our preemption choices are heuristic, and P3's fixed-size
         # slices in layer order can win; its own unit list is then a candidate, so the
@@ -248,7 +299,12 @@ def schedule(
             compute_makespan_us=red.compute_makespan_us,
         ).makespan_us
         best_us = min(v[0] for v in verified)
-        p3 = simulate(trace, "p3") if p3_bound < best_us else None
+        # A robust choice may cost up to the tolerance: it must not lose to P3 either.
+        reach_us = best_us * (1.0 + robust_tolerance) if robust else best_us
+        p3 = simulate(trace, "p3") if p3_bound < reach_us else None
+        if p3 is not None:
+            p3_us = p3.iteration_us
+            p3_units = tuple(p3.units)
         if p3 is not None and p3.iteration_us < best_us:
             units = tuple(p3.units)
             sim_us = simulate(trace, units_policy(units, name="p3")).iteration_us
@@ -256,6 +312,17 @@ def schedule(
             cands.append(base_cand)
             verified.append((sim_us, len(ranked), base_cand, units))
     predicted, _, chosen, units = min(verified, key=lambda v: (v[0], v[1]))
+    if robust:
+        worlds = jitter_worlds(trace, samples=robust_samples, sd=robust_sd)
+        predicted, chosen, units, info["robust"] = _robust_choice(
+            trace,
+            red,
+            cands,
+            worlds,
+            (predicted, chosen, units),
+            robust_tolerance,
+            (p3_us, p3_units),
+        )
     info.update(
         {
             "chosen": chosen.name,
@@ -271,6 +338,75 @@ def schedule(
         predicted_iteration_us=predicted,
         meta=info,
     )
+
+
+def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call site)
+    trace: Trace,
+    red: Reduction,
+    cands: list[Candidate],
+    worlds: JitterWorlds,
+    nominal: tuple[float, Candidate, tuple[Unit, ...]],
+    tolerance: float,
+    p3: tuple[float, tuple[Unit, ...]],
+) -> tuple[float, Candidate, tuple[Unit, ...], dict[str, Any]]:
+    """Best mean jittered replay among candidates nominally within ``tolerance`` of the best
+    (and no worse than the FIFO / need-order candidates and P3's replay ``p3``, whose own units
+    are a candidate too: fixed-size slices are robust by nature)."""
+    from pace.sim import simulate, units_policy
+
+    comm = trace.comm
+    best_us, best_cand, best_units_ = nominal
+    p3_us, p3_units = p3
+    limit = min(best_us * (1.0 + tolerance), p3_us)
+    # Never nominally worse than a baseline's own order (the schedule's guarantees).
+    for c in cands:
+        if c.name in ("fifo-order", "need-order", "baseline-p3"):
+            limit = min(limit, c.replay_us)
+    limit = max(limit, best_us)
+    nominal_mean = sum(jittered_replays_us(worlds, comm, best_units_)) / worlds.samples
+    pick = (nominal_mean, best_us, best_cand, best_units_)
+    seen = {best_units_}
+    pool = sorted(
+        (c for c in cands if c.pieces and c.replay_us <= limit), key=lambda c: c.replay_us
+    )
+    per_cand = max(1, len(best_units_) * worlds.samples)
+    for cand in pool[: max(_ROBUST_MIN_POOL, _ROBUST_BUDGET // per_cand)]:
+        units = units_from_pieces(red, cand.pieces)
+        if units in seen:
+            continue
+        seen.add(units)
+        nominal_us = replay_us(red, comm, units)
+        if nominal_us > limit:
+            continue
+        mean_us = sum(jittered_replays_us(worlds, comm, units)) / worlds.samples
+        if (mean_us, nominal_us) < (pick[0], pick[1]):
+            pick = (mean_us, nominal_us, cand, units)
+    if p3_units and p3_units not in seen and p3_us <= limit:
+        mean_us = sum(jittered_replays_us(worlds, comm, p3_units)) / worlds.samples
+        if (mean_us, p3_us) < (pick[0], pick[1]):
+            pick = (
+                mean_us,
+                p3_us,
+                Candidate(name="baseline-p3", pieces=(), replay_us=p3_us),
+                p3_units,
+            )
+    mean_us, _, cand, units = pick
+    predicted = best_us
+    if cand is not best_cand:
+        sim_us = simulate(trace, units_policy(units, name=cand.name)).iteration_us
+        if sim_us <= limit * (1.0 + 1e-12):
+            predicted = sim_us
+        else:  # the fast replay disagreed with the simulator: keep the nominal choice
+            mean_us, cand, units = nominal_mean, best_cand, best_units_
+    meta = {
+        "samples": worlds.samples,
+        "tolerance": tolerance,
+        "jitter_mean_us": mean_us,
+        "nominal_choice": best_cand.name,
+        "nominal_choice_us": best_us,
+        "nominal_choice_jitter_mean_us": nominal_mean,
+    }
+    return predicted, cand, units, meta
 
 
 def _split_jobs(cand: Candidate) -> int:

@@ -57,8 +57,14 @@ def solve_exact(
     preempt_cost_us: float = 0.0,
     min_remaining_us: float = 0.0,
     min_piece_us: float = 0.0,
+    grace_us: Sequence[float] | npt.NDArray[Any] | None = None,
 ) -> ExactSolution:
     """Optimal preemptive schedule of one channel (largest tail first).
+
+    ``grace_us[j]`` (optional): job ``j`` may preempt a running job only ``grace_us[j]`` after
+    its release. The planned piece then ends *after* the urgent job is ready, so a release that
+    comes slightly late under timing jitter still finds the channel busy with the same piece
+    (instead of a fresh, large piece of the preempted job that it would wait behind).
 
     >>> s = solve_exact([10, 20], [20, 4], [5, 10], compute_makespan_us=30)
     >>> s.pieces
@@ -72,6 +78,9 @@ def solve_exact(
     n = len(r)
     if len(p) != n or len(q) != n:
         raise ValueError("release_us, duration_us and tail_us must have the same length")
+    g = [0.0] * n if grace_us is None else [float(x) for x in grace_us]
+    if len(g) != n:
+        raise ValueError("grace_us must have one value per job")
     order = sorted(range(n), key=r.__getitem__)
     remaining = p[:]
     completion = [math.nan] * n
@@ -102,7 +111,8 @@ def solve_exact(
         if heap and -heap[0][0] > q[cur]:
             # A more urgent job waits only because the running piece is still too short to
             # carry a byte: revisit the decision when it is long enough.
-            pt = cur_start + min_piece_us
+            top = heap[0][1]
+            pt = max(cur_start + min_piece_us, r[top] + g[top])
             if t < pt < ev:
                 ev = pt
         if ev < end:
@@ -116,6 +126,7 @@ def solve_exact(
                 -heap[0][0] > q[cur]
                 and remaining[cur] > min_remaining_us
                 and t - cur_start >= min_piece_us
+                and t >= r[heap[0][1]] + g[heap[0][1]]
             ):
                 pieces.append((cur, cur_start, t))
                 remaining[cur] += preempt_cost_us

@@ -225,9 +225,14 @@ def replay_us(red: Reduction, comm: CommModel, units: Sequence[Unit]) -> float:
 
 
 def exact_pieces(
-    red: Reduction, comm: CommModel, *, min_remaining_us: float = 0.0
+    red: Reduction,
+    comm: CommModel,
+    *,
+    min_remaining_us: float = 0.0,
+    grace_us: Sequence[float] | None = None,
 ) -> tuple[PlanPiece, ...]:
-    """Largest-tail-first plan where each resumed piece pays ``alpha`` again."""
+    """Largest-tail-first plan where each resumed piece pays ``alpha`` again (``grace_us``: see
+    :func:`~pace.lp.exact.solve_exact`)."""
     alpha = comm.alpha_us
     sol = solve_exact(
         red.release_us,
@@ -239,8 +244,51 @@ def exact_pieces(
         # With a latency, a piece must run alpha plus one byte to carry anything; without one,
         # keep Horn's rule exactly (it is optimal then).
         min_piece_us=alpha + comm.beta_us_per_byte if alpha > 0 else 0.0,
+        grace_us=grace_us,
     )
     return tuple((j, s, max(e - s - alpha, 0.0)) for j, s, e in sol.pieces)
+
+
+def slice_pieces(pieces: Sequence[PlanPiece], max_piece_us: float) -> tuple[PlanPiece, ...]:
+    """Split every piece longer than ``max_piece_us`` (transmit time) into equal parts, in
+    order: an urgent job that is ready late then waits behind one part, not a whole piece."""
+    out: list[PlanPiece] = []
+    for j, start, w in pieces:
+        k = max(1, math.ceil(w / max_piece_us)) if max_piece_us > 0 else 1
+        out.extend((j, start + i * w / k, w / k) for i in range(k))
+    return tuple(out)
+
+
+def grace_candidates(
+    red: Reduction,
+    comm: CommModel,
+    fractions: Sequence[float],
+    slice_divisors: Sequence[int] = (),
+) -> list[Candidate]:
+    """Largest tail first with slack at every preemption: job ``j`` preempts only
+    ``f * release_j`` after its release, for each ``f`` in ``fractions``; and each such plan
+    with its pieces sliced to at most ``longest job / d`` for each ``d`` in ``slice_divisors``.
+
+    Jitter accumulates along the compute path, so a release's spread grows with its time; a
+    grace proportional to it covers the same relative jitter everywhere. Slices bound how long
+    a late urgent job waits when the grace is not enough (each slice pays ``alpha`` again).
+    """
+    out: list[Candidate] = []
+    seen: set[tuple[PlanPiece, ...]] = set()
+    longest = float(red.duration_us.max(initial=0.0))
+
+    def add(name: str, pieces: tuple[PlanPiece, ...]) -> None:
+        if pieces not in seen:
+            seen.add(pieces)
+            out.append(_candidate(red, comm, name, pieces))
+
+    for f in fractions:
+        base = exact_pieces(red, comm, grace_us=(f * red.release_us).tolist())
+        name = f"exact-grace{f * 100:g}%"
+        add(name, base)
+        for d in slice_divisors:
+            add(f"{name}-slice{longest / d:.0f}us", slice_pieces(base, longest / d))
+    return out
 
 
 def _candidate(
