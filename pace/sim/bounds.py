@@ -15,13 +15,11 @@ def compute_critical_path_us(trace: Trace) -> float:
 def lower_bound_us(trace: Trace) -> tuple[float, str]:
     """The best available lower bound and its name.
 
-    The zero-overhead optimal preemptive makespan (``pace.lp.lower_bound_us``) once the
-    scheduler stage provides it, else the compute critical path.
+    The zero-overhead optimal preemptive makespan (``pace.lp.lower_bound_us``), else (its
+    solver failed) the compute critical path.
     """
-    try:
-        from pace.lp import lower_bound_us as lp_lower_bound_us
-    except ImportError:
-        return compute_critical_path_us(trace), "critical-path"
+    from pace.lp import lower_bound_us as lp_lower_bound_us
+
     try:
         return float(lp_lower_bound_us(trace)), "optimal-preemptive"
     except SolverError:
