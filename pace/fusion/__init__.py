@@ -21,6 +21,7 @@ Groups are contiguous on the ready-time chain (Lemma 2) and listed in chain orde
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -167,6 +168,10 @@ def fuse(
     # member finish before its group), so Alg. 1's choice, which the search must never lose to,
     # is always compiled; other skipped candidates were only chances to improve.
     bounded = oracle is None
+    from pace.lp import ROBUST_FULL_MAX_JOBS
+
+    # Long chains: compile the candidates nominally and only the winner robustly (compile time).
+    per_candidate = chain.n <= ROBUST_FULL_MAX_JOBS
     chosen.sort(key=lambda c: c.cost_us)
     replayed: dict[str, float] = {}
     skipped: list[str] = []
@@ -186,7 +191,7 @@ def fuse(
             plan = FusionPlan.singletons(trace)
         else:
             plan = chain.plan(cand.starts, method="search", details={})
-        sched = _schedule_exact(trace, plan, robust, robust_tolerance)
+        sched = _schedule_exact(trace, plan, robust and per_candidate, robust_tolerance)
         replayed[cand.label] = sched.predicted_iteration_us
         verified.append((sched.predicted_iteration_us, rank, plan, sched))
     # Ties keep the oracle's ranking.
@@ -211,6 +216,12 @@ def fuse(
                 pick = (float(mean_us), us, rank)
         best_rank = pick[2]
         _, _, best_plan, best_schedule = next(v for v in verified if v[1] == best_rank)
+    elif robust and not per_candidate:
+        refs = [us for us, rank, _, _ in verified if chosen[rank].label in ("none", paper_label)]
+        again = _schedule_exact(trace, best_plan, True, robust_tolerance)
+        # Keep the guarantee against the references (their replays were nominal).
+        if again.predicted_iteration_us <= min(refs, default=math.inf):
+            best_schedule = again
     best_cand = chosen[best_rank]
     details = {
         **paper_details,
