@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pace.cli import main
 from pace.compiler import compile_trace
 from pace.drift.scenario import balance_compute
+from pace.io import load_schedule, save_trace
 from pace.ir import Trace
 from pace.lp import (
     ROBUST_TOLERANCE,
@@ -158,3 +162,22 @@ def test_fragile_trace_improves_under_jitter() -> None:
     assert robust_mean < 0.98 * plain_mean
     # And the robust schedule actually realises about its prediction.
     assert robust_mean < 1.02 * robust.predicted_iteration_us
+
+
+def test_cli_robust_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace_path, out_path = tmp_path / "t.json", tmp_path / "s.json"
+    save_trace(_fragile(), trace_path)
+    outs = {}
+    for flag in ("--robust", "--no-robust"):
+        capsys.readouterr()
+        assert main(["compile", str(trace_path), "-o", str(out_path), flag, "--json"]) == 0
+        outs[flag] = json.loads(capsys.readouterr().out)
+        sched = load_schedule(out_path)
+        assert sched.predicted_iteration_us == outs[flag]["predicted_iteration_us"]
+    assert outs["--no-robust"]["robust"] is None
+    info = outs["--robust"]["robust"]
+    assert info["tolerance"] == ROBUST_TOLERANCE
+    assert info["jitter_mean_us"] < info["nominal_choice_jitter_mean_us"]
+    assert outs["--robust"]["predicted_iteration_us"] <= outs["--no-robust"][
+        "predicted_iteration_us"
+    ] * (1 + ROBUST_TOLERANCE)
