@@ -30,7 +30,8 @@ from pace.lp.model import SlotInstance
 from pace.sim import simulate
 from pace.verify import verify_schedule
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "examples"
+# A copy of the shared worked example (tests must not depend on files outside the repo).
+EXAMPLES = Path(__file__).resolve().parent / "data"
 
 
 def _chain_trace(
