@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,13 @@ def test_cli_compile_then_validate_with_speedup(
     assert main(["validate", str(sched_path), "--trace", str(trace_path)]) == 0
     assert main(["compare", str(trace_path), "--compute-speedup", "50", "--json"]) == 0
     capsys.readouterr()
+    # The schedule matches the trace as profiled; its recorded speedup applies when none is given.
+    assert main(["simulate", str(trace_path), "--schedule", str(sched_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["matches_prediction"] is True
+    assert main(["compare", str(trace_path), "--schedule", str(sched_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["baselines"]["schedule"] <= out["baselines"]["fifo"]
     assert main([*args[:4], "--compute-speedup", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1

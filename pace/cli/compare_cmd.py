@@ -16,7 +16,7 @@ from typing import Any
 from pace.cli._output import print_json, print_table
 from pace.cli.simulate_cmd import (
     add_trace_options,
-    load_trace_what_if,
+    load_trace_and_schedule,
     result_summary,
     sim_options,
 )
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     from pace.sim import POLICIES, SimOptions, compute_critical_path_us, lower_bound_us, simulate
 
-    trace = load_trace_what_if(args)
+    trace, schedule = load_trace_and_schedule(args)
     options = sim_options(args)
     explicit = options != SimOptions()
     rows: dict[str, Any] = {}
@@ -64,11 +64,8 @@ def run(args: argparse.Namespace) -> int:
             progress.update(task, description=name)
             rows[name] = simulate(trace, name, options=options)
             progress.advance(task)
-        if args.schedule is not None:
-            from pace.io import load_schedule
-
-            sched = load_schedule(args.schedule, trace=trace)
-            rows["schedule"] = simulate(trace, sched, options=options)
+        if schedule is not None:
+            rows["schedule"] = simulate(trace, schedule, options=options)
         progress.update(task, description="lower bound")
         bound, bound_kind = lower_bound_us(trace)
         progress.advance(task)

@@ -78,17 +78,34 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def load_trace_what_if(args: argparse.Namespace) -> Any:
     """The trace of ``args.trace``, verified, with the what-if cost model applied."""
-    from pace.io import load_trace
+    return load_trace_and_schedule(args)[0]
+
+
+def load_trace_and_schedule(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The what-if trace of ``args.trace`` and ``args.schedule`` (or None), checked together.
+
+    The schedule is matched against the trace as profiled (its digest names that file), then the
+    what-if is applied. A schedule compiled with ``--compute-speedup`` carries the speedup in its
+    ``meta``; it applies unless ``--compute-speedup`` is given here.
+    """
+    from pace.compiler import apply_what_if
+    from pace.io import load_schedule, load_trace
 
     trace = load_trace(args.trace)
-    from pace.compiler import apply_what_if
-
-    return apply_what_if(
+    schedule = None
+    speedup = args.compute_speedup
+    if getattr(args, "schedule", None) is not None:
+        schedule = load_schedule(args.schedule, trace=trace)
+        recorded = schedule.meta.get("compute_speedup")
+        if speedup is None and isinstance(recorded, int | float) and not isinstance(recorded, bool):
+            speedup = float(recorded)
+    trace = apply_what_if(
         trace,
         bandwidth_gbps=args.bandwidth_gbps,
         workers=args.workers,
-        compute_speedup=args.compute_speedup,
+        compute_speedup=speedup,
     )
+    return trace, schedule
 
 
 def sim_options(args: argparse.Namespace) -> Any:
@@ -127,14 +144,12 @@ def result_summary(res: Any) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from pace.sim import simulate
 
-    trace = load_trace_what_if(args)
+    trace, schedule = load_trace_and_schedule(args)
     options = sim_options(args)
     policy: Any
     predicted: float | None = None
-    if args.schedule is not None:
-        from pace.io import load_schedule
-
-        policy = load_schedule(args.schedule, trace=trace)
+    if schedule is not None:
+        policy = schedule
         predicted = float(policy.predicted_iteration_us)
     else:
         from pace.sim import POLICIES
