@@ -64,6 +64,12 @@ def test_cli_compile_then_validate_with_speedup(
     assert main(["compare", str(trace_path), "--schedule", str(sched_path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["baselines"]["schedule"] <= out["baselines"]["fifo"]
+    # A schedule compiled for another cluster replays on the cost model it records.
+    wide = tmp_path / "wide.json"
+    assert main(["compile", str(trace_path), "-o", str(wide), "--bandwidth-gbps", "1"]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(trace_path), "--schedule", str(wide), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["matches_prediction"] is True
     assert main([*args[:4], "--compute-speedup", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1

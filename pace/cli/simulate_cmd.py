@@ -11,6 +11,7 @@ policy's own default (``fifo``, ``horovod`` and ``ddp`` default to a barrier).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from typing import Any
 
@@ -86,7 +87,8 @@ def load_trace_and_schedule(args: argparse.Namespace) -> tuple[Any, Any]:
 
     The schedule is matched against the trace as profiled (its digest names that file), then the
     what-if is applied. A schedule compiled with ``--compute-speedup`` carries the speedup in its
-    ``meta``; it applies unless ``--compute-speedup`` is given here.
+    ``meta``, and every schedule its ``cost_model``; they apply unless the command line gives
+    ``--compute-speedup`` / ``--bandwidth-gbps`` / ``--workers``.
     """
     from pace.compiler import apply_what_if
     from pace.io import load_schedule, load_trace
@@ -99,6 +101,10 @@ def load_trace_and_schedule(args: argparse.Namespace) -> tuple[Any, Any]:
         recorded = schedule.meta.get("compute_speedup")
         if speedup is None and isinstance(recorded, int | float) and not isinstance(recorded, bool):
             speedup = float(recorded)
+    if schedule is not None and args.bandwidth_gbps is None and args.workers is None:
+        # A schedule compiled for a what-if cluster replays on the cost model it was compiled
+        # for (as `pace validate` does), unless the command line asks for another.
+        trace = dataclasses.replace(trace, comm=schedule.cost_model)
     trace = apply_what_if(
         trace,
         bandwidth_gbps=args.bandwidth_gbps,
