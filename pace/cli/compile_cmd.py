@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from pace.cli._options import add_what_if_options
 from pace.cli._output import print_json, print_table
 
 # Groups listed one per row in the human-readable plan; longer plans are summarised.
@@ -42,19 +43,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default="exact",
         help="exact (largest tail first, default) or lp (the paper's LP; falls back to exact)",
     )
-    p.add_argument(
-        "--bandwidth-gbps",
-        type=float,
-        metavar="X",
-        help="what-if: compile for this link bandwidth",
-    )
-    p.add_argument("--workers", type=int, metavar="W", help="what-if: compile for W workers")
-    p.add_argument(
-        "--compute-speedup",
-        type=float,
-        metavar="X",
-        help="what-if: computation X times faster than profiled (e.g. a GPU vs this CPU)",
-    )
+    add_what_if_options(p)
     p.add_argument(
         "--robust",
         action=argparse.BooleanOptionalAction,

@@ -15,27 +15,14 @@ import dataclasses
 import math
 from typing import Any
 
+from pace.cli._options import add_what_if_options
 from pace.cli._output import print_json, print_table
 from pace.errors import InputError
 
 
 def add_trace_options(p: argparse.ArgumentParser) -> None:
     """Options shared with ``pace compare``: the what-if cost model and simulator modes."""
-    p.add_argument(
-        "--bandwidth-gbps",
-        type=float,
-        metavar="X",
-        help="what-if: re-derive the trace's all-reduce cost for this link bandwidth",
-    )
-    p.add_argument(
-        "--workers", type=int, metavar="W", help="what-if: re-derive the cost for W workers"
-    )
-    p.add_argument(
-        "--compute-speedup",
-        type=float,
-        metavar="X",
-        help="what-if: computation X times faster than profiled (e.g. a GPU vs this CPU)",
-    )
+    add_what_if_options(p)
     p.add_argument(
         "--credit",
         type=int,
