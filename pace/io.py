@@ -331,6 +331,11 @@ def _tensor_from(r: _Reader, v: Any, path: str) -> Tensor:
         size_bytes=r.int_(r.req(o, "bytes", path), f"{path}.bytes", minimum=1),
         producer=r.str_(r.req(o, "producer", path), f"{path}.producer"),
         consumers=consumers,
+        element_bytes=(
+            r.int_(o["element_bytes"], f"{path}.element_bytes", minimum=1)
+            if "element_bytes" in o
+            else 1
+        ),
     )
 
 
@@ -415,6 +420,8 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
                 "bytes": t.size_bytes,
                 "producer": t.producer,
                 "consumers": list(t.consumers),
+                # Written only when known, so traces without it round-trip unchanged.
+                **({"element_bytes": t.element_bytes} if t.element_bytes != 1 else {}),
             }
             for t in trace.tensors
         ],
@@ -544,13 +551,18 @@ def trace_digest(trace: Trace) -> str:
 
     The hashed text is the canonical JSON (sorted keys, no spaces) of
     ``{"digest": "pace.trace/1", "ops": [[name, phase, duration_us, [deps]], ...],
-    "tensors": [[name, bytes, producer, [consumers]], ...]}``.
+    "tensors": [[name, bytes, producer, [consumers]], ...]}`` (``element_bytes`` appended to a
+    tensor's list when it is not 1).
     """
     payload = {
         "digest": "pace.trace/1",
         "ops": [[op.name, op.phase, float(op.duration_us), list(op.deps)] for op in trace.ops],
+        # element_bytes joins a tensor's entry only when known (!= 1): it constrains valid
+        # schedules, and leaving it out otherwise keeps the digests of older traces unchanged.
         "tensors": [
-            [t.name, int(t.size_bytes), t.producer, list(t.consumers)] for t in trace.tensors
+            [t.name, int(t.size_bytes), t.producer, list(t.consumers)]
+            + ([int(t.element_bytes)] if t.element_bytes != 1 else [])
+            for t in trace.tensors
         ],
     }
     try:

@@ -34,13 +34,16 @@ class Tensor:
     """One gradient tensor to all-reduce.
 
     Ready when ``producer`` finishes; each op in ``consumers`` may start only after the
-    tensor's all-reduce completes.
+    tensor's all-reduce completes. ``element_bytes`` is the size of one element (4 for float32):
+    a partition of the tensor must start and end on an element boundary, since the runtime
+    all-reduces whole elements. 1 means unknown (any byte boundary).
     """
 
     name: str
     size_bytes: int
     producer: str
     consumers: tuple[str, ...] = ()
+    element_bytes: int = 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -160,6 +160,13 @@ def verify_trace(trace: Trace, where: str = "") -> None:
                 where=where,
                 field=f"tensors[{ti}].bytes",
             )
+        eb = t.element_bytes
+        if not _is_int(eb, 1) or eb & (eb - 1) or t.size_bytes % eb:
+            raise InputError(
+                f"must be a power of two that divides bytes ({t.size_bytes}), got {eb!r}",
+                where=where,
+                field=f"tensors[{ti}].element_bytes",
+            )
         _check_name_list(t.consumers, f"tensors[{ti}].consumers", where)
         p = op_index.get(t.producer) if isinstance(t.producer, str) else None
         if p is None:
@@ -278,6 +285,7 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
             field="predicted_iteration_us",
         )
     sizes = {t.name: t.size_bytes for t in trace.tensors}
+    elements = {t.name: t.element_bytes for t in trace.tensors}
     # tensor -> [(offset, end, field path)]
     pieces: dict[str, list[tuple[int, int, str]]] = {name: [] for name in sizes}
     for ui, unit in enumerate(schedule.units):
@@ -317,6 +325,14 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
                     field=f"{path}.bytes",
                 )
             end = s.offset_bytes + s.size_bytes
+            eb = elements[s.tensor]
+            if s.offset_bytes % eb or s.size_bytes % eb:
+                raise InputError(
+                    f"offset {s.offset_bytes} / bytes {s.size_bytes} of {s.tensor!r} are not "
+                    f"multiples of its element size {eb}",
+                    where=where,
+                    field=path,
+                )
             if end > size:
                 raise InputError(
                     f"bytes [{s.offset_bytes}, {end}) run past the end of tensor {s.tensor!r} "

@@ -57,6 +57,15 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "duplicate_key.json": ("tensors[1]", r"duplicate key 'bytes'"),
     "negative_duration.json": ("ops[3].duration_us", r"must be >= 0, got -5"),
     "bytes_zero.json": ("tensors[0].bytes", r"integer > 0, got 0"),
+    "element_bytes_not_power_of_two.json": (
+        "tensors[0].element_bytes",
+        r"power of two that divides bytes \(20\), got 3",
+    ),
+    "element_bytes_not_dividing.json": (
+        "tensors[1].element_bytes",
+        r"power of two that divides bytes \(4\), got 8",
+    ),
+    "element_bytes_string.json": ("tensors[0].element_bytes", r"must be an integer"),
     "bytes_negative.json": ("tensors[0].bytes", r"integer > 0, got -20"),
     "bytes_float.json": ("tensors[0].bytes", r"integer > 0, got 20.5"),
     "bytes_integral_float.json": ("tensors[0].bytes", r"integer > 0, got 20.0"),

@@ -35,7 +35,7 @@ import numpy as np
 
 from pace.ir import CommModel, Slice, Unit
 from pace.lp.exact import solve_exact
-from pace.lp.reduction import Reduction
+from pace.lp.reduction import Reduction, TensorTiming
 
 PlanPiece = tuple[int, float, float]
 """``(job, start_us, weight)``: a planned piece; bytes of the job are split by ``weight``."""
@@ -173,7 +173,45 @@ def units_from_pieces(red: Reduction, pieces: Sequence[PlanPiece]) -> tuple[Unit
             seq += 1
             prev_b, prev_a = b, a
     units.sort(key=lambda u: (u[0], u[1]))
-    return tuple(Unit(priority=float(p), slices=s) for p, _, s in units)
+    out = tuple(Unit(priority=float(p), slices=s) for p, _, s in units)
+    if int(timing.element_bytes.max(initial=1)) > 1:
+        out = align_to_elements(out, timing)
+    return out
+
+
+def align_to_elements(units: Sequence[Unit], timing: TensorTiming) -> tuple[Unit, ...]:
+    """``units`` with every slice boundary moved up to a multiple of its tensor's element size.
+
+    The runtime all-reduces whole elements, so a partition must not split one. Within each
+    tensor, the boundaries between consecutive slices are rounded up (the same direction as
+    ``_byte_bounds``: a piece never ends before its planned end); rounding is monotone, so the
+    slices still cover every byte exactly once. A slice left empty is dropped, and so is a unit
+    left without slices. The shift is under one element per boundary.
+    """
+    by_tensor: dict[str, list[tuple[int, int, int]]] = {}
+    for u, unit in enumerate(units):
+        for s_i, s in enumerate(unit.slices):
+            by_tensor.setdefault(s.tensor, []).append((s.offset_bytes, u, s_i))
+    new_bounds: dict[tuple[int, int], tuple[int, int]] = {}
+    for name, parts in by_tensor.items():
+        k = timing.index[name]
+        elem = int(timing.element_bytes[k])
+        size = int(timing.size_bytes[k])
+        parts.sort()
+        starts = [off for off, _, _ in parts] + [size]
+        aligned = [min(size, -(-b // elem) * elem) for b in starts]
+        for j, (_, u, s_i) in enumerate(parts):
+            new_bounds[(u, s_i)] = (aligned[j], aligned[j + 1])
+    out: list[Unit] = []
+    for u, unit in enumerate(units):
+        slices = []
+        for s_i, s in enumerate(unit.slices):
+            lo, hi = new_bounds[(u, s_i)]
+            if hi > lo:
+                slices.append(Slice(tensor=s.tensor, offset_bytes=lo, size_bytes=hi - lo))
+        if slices:
+            out.append(Unit(priority=unit.priority, slices=tuple(slices)))
+    return tuple(out)
 
 
 def replay_us(red: Reduction, comm: CommModel, units: Sequence[Unit]) -> float:

@@ -48,6 +48,7 @@ class TensorTiming:
     need_us: FloatArray  # compute-only start of the earliest consumer (inf: no consumer)
     compute_makespan_us: float
     index: Mapping[str, int]
+    element_bytes: IntArray  # partitions of tensor k start and end on multiples of this
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -188,6 +189,9 @@ def _compute_timing(trace: Trace) -> TensorTiming:
         need_us=_frozen(need),
         compute_makespan_us=max(finish, default=0.0),
         index=tindex,
+        element_bytes=_frozen(
+            np.fromiter((t.element_bytes for t in trace.tensors), dtype=np.int64, count=n_t)
+        ),
     )
 
 

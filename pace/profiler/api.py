@@ -123,7 +123,11 @@ def profile(
         model.train(was_training)
 
     params = [
-        ParamInfo(name=n, size_bytes=int(p.numel() * p.element_size()))
+        ParamInfo(
+            name=n,
+            size_bytes=int(p.numel() * p.element_size()),
+            element_bytes=int(p.element_size()),
+        )
         for n, p in trainable
         if p.grad is not None
     ]

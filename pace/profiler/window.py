@@ -30,10 +30,11 @@ Timing = Literal["span", "kernel"]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParamInfo:
-    """A parameter that received a gradient: its name and gradient size."""
+    """A parameter that received a gradient: its name, gradient size and element size."""
 
     name: str
     size_bytes: int
+    element_bytes: int = 1
 
 
 def _resolve(raw_deps: Sequence[tuple[int, ...]], kept: Sequence[bool]) -> list[tuple[int, ...]]:
@@ -220,6 +221,7 @@ def build_window(
                     size_bytes=param.size_bytes,
                     producer=bw_name[producer_raw],
                     consumers=tuple(consumers.get(param.name, ())),
+                    element_bytes=param.element_bytes,
                 ),
             )
         )
