@@ -201,9 +201,15 @@ def fuse(
         from pace.lp import ROBUST_TOLERANCE
 
         tol = ROBUST_TOLERANCE if robust_tolerance is None else robust_tolerance
-        # Nominally within the tolerance of the best, and never worse than the two references
-        # (a skipped reference's oracle value is a lower bound on its replay).
-        limit = best_us * (1.0 + tol)
+        # Nominally within the tolerance of the best NOMINAL schedule of any plan (each robust
+        # schedule may itself sit up to `tol` above its plan's nominal best, and the two must
+        # not compound), and never worse than the two references (a skipped reference's oracle
+        # value is a lower bound on its replay).
+        best_nominal_us = min(
+            float(sched.meta.get("robust", {}).get("nominal_choice_us", us))
+            for us, _, _, sched in verified
+        )
+        limit = best_nominal_us * (1.0 + tol)
         for cand in chosen:
             if cand.label in ("none", paper_label):
                 ref_us = replayed.get(cand.label, cand.cost_us)
