@@ -79,12 +79,14 @@ def model_trace(model: nn.Module) -> Trace:
         ops.append(Op(name=f"fw.{name}", phase="forward", duration_us=200.0, deps=prev))
         prev = (f"fw.{name}",)
     sizes = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
+    element = {n: p.element_size() for n, p in model.named_parameters()}
     tensors = tuple(
         Tensor(
             name=f"{layer}.{kind}",
             size_bytes=sizes[f"{layer}.{kind}"],
             producer=f"bw.{layer}",
             consumers=(f"fw.{layer}",),
+            element_bytes=element[f"{layer}.{kind}"],
         )
         for layer in linears
         for kind in ("weight", "bias")
