@@ -75,8 +75,10 @@ def balance_compute(trace: Trace, ratio: float) -> tuple[Trace, float]:
     if compute <= 0:
         raise ValueError("the trace has no compute to scale")
     scale = ratio * trace.comm.cost_us(trace.total_bytes) / compute
-    ops = tuple(dataclasses.replace(o, duration_us=o.duration_us * scale) for o in trace.ops)
-    return dataclasses.replace(trace, ops=ops), scale
+    # The compiler's compute what-if is the one place op durations are rescaled.
+    from pace.compiler import apply_what_if
+
+    return apply_what_if(trace, compute_speedup=1.0 / scale), scale
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
