@@ -17,25 +17,16 @@ time over pace's (``bytescheduler-tuned`` is a grid search over its knobs on thi
 from __future__ import annotations
 
 import argparse
-import math
+import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from pace.compiler import compile_trace
-from pace.io import load_trace
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TRACES = ("vgg16", "resnet50", "transformer", "lstm_seq2seq")
-BASELINES = (
-    "fifo",
-    "horovod",
-    "ddp",
-    "tictac",
-    "p3",
-    "bytescheduler",
-    "bytescheduler-tuned",
-)
+from benchmarks._common import BASELINES, TRACES, compute_only_us, geomean, load_shipped
+from pace.compiler import compile_trace
 
 
 def main() -> None:
@@ -45,7 +36,6 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--markdown", action="store_true", help="print a markdown table instead")
     args = ap.parse_args()
-    root = Path(__file__).resolve().parent.parent / "traces"
     columns = [
         "compute",
         "bound",
@@ -60,7 +50,7 @@ def main() -> None:
     gains: list[float] = []
     hvd_gains: list[float] = []
     for name in TRACES:
-        trace = load_trace(root / f"{name}.json.gz")
+        trace = load_shipped(name)
         for speedup in (float(x) for x in args.speedups.split(",")):
             for bw in (float(x) for x in args.bandwidths.split(",")):
                 kw = {
@@ -68,10 +58,10 @@ def main() -> None:
                     "bandwidth_gbps": bw,
                     "workers": args.workers,
                 }
-                res = compile_trace(trace, **kw)  # type: ignore[arg-type]
-                paper = compile_trace(trace, fusion="paper", baselines=False, **kw)  # type: ignore[arg-type]
-                nofuse = compile_trace(trace, fusion="none", baselines=False, **kw)  # type: ignore[arg-type]
-                compute_ms = _compute_only_ms(res.trace)
+                res = compile_trace(trace, **kw)
+                paper = compile_trace(trace, fusion="paper", baselines=False, **kw)
+                nofuse = compile_trace(trace, fusion="none", baselines=False, **kw)
+                compute_ms = compute_only_us(res.trace) / 1e3
                 best = min(res.baselines[b] for b in BASELINES)
                 gains.append(best / res.predicted_iteration_us)
                 hvd_gains.append(res.baselines["horovod"] / res.predicted_iteration_us)
@@ -88,9 +78,9 @@ def main() -> None:
                         f"{best / res.predicted_iteration_us:.3f}x",
                     ]
                 )
-    geo = _geomean(gains)
+    geo = geomean(gains)
     summary = (
-        f"geometric mean speed-up of pace: {_geomean(hvd_gains):.3f}x over horovod, "
+        f"geometric mean speed-up of pace: {geomean(hvd_gains):.3f}x over horovod, "
         f"{geo:.3f}x over the best baseline of each case (max {max(gains):.3f}x, "
         f"min {min(gains):.3f}x)"
     )
@@ -110,16 +100,6 @@ def main() -> None:
     console = Console()
     console.print(table)
     console.print(summary)
-
-
-def _geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
-def _compute_only_ms(trace: object) -> float:
-    from pace.sim import compute_critical_path_us
-
-    return float(compute_critical_path_us(trace)) / 1e3  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,59 @@
+"""Helpers shared by the real-model benchmarks (``bench_models.py``, ``bench_sweep.py``).
+
+Import as ``from benchmarks._common import ...`` after putting the repository root on
+``sys.path`` (the scripts do), so the same module serves ``python benchmarks/X.py`` and tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+from pace.ir import Trace
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES_DIR = ROOT / "traces"
+
+# The four shipped real-model traces (traces/README.md), in the paper's Table II order of families.
+TRACES: tuple[str, ...] = ("vgg16", "resnet50", "transformer", "lstm_seq2seq")
+
+# Every simulator baseline the headline tables report (``pace.sim.POLICIES`` minus
+# ``horovod-old``, the pre-0.28 Horovod fusion rule kept for docs/baselines.md).
+BASELINES: tuple[str, ...] = (
+    "fifo",
+    "horovod",
+    "ddp",
+    "tictac",
+    "p3",
+    "bytescheduler",
+    "bytescheduler-tuned",
+)
+
+# ByteScheduler's credit window shares the channel between several units at once (processor
+# sharing, docs/simulator.md); the one-channel replay of a compiled schedule cannot do that, so
+# ``pace compile`` guarantees "no slower" only against the other baselines (and a 5% band
+# against these two; tests/test_compile_guarantee.py).
+SHARED_CHANNEL: tuple[str, ...] = ("bytescheduler", "bytescheduler-tuned")
+
+
+def load_shipped(name: str) -> Trace:
+    """The shipped trace ``traces/<name>.json.gz``."""
+    from pace.io import load_trace
+
+    return load_trace(TRACES_DIR / f"{name}.json.gz")
+
+
+def geomean(xs: Iterable[float]) -> float:
+    """Geometric mean of positive numbers (``nan`` for none)."""
+    vals = list(xs)
+    if not vals:
+        return math.nan
+    return math.exp(sum(math.log(x) for x in vals) / len(vals))
+
+
+def compute_only_us(trace: Trace) -> float:
+    """The compute-only critical path of ``trace`` (no communication at all), in us."""
+    from pace.sim import compute_critical_path_us
+
+    return float(compute_critical_path_us(trace))
