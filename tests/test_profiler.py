@@ -179,6 +179,20 @@ def test_builtin_transformer_has_at_least_100_tensors() -> None:
     assert len(list(model.parameters())) >= 100
 
 
+def test_vgg_cifar_profiles_with_the_late_layers_holding_most_bytes() -> None:
+    w = build_workload("pace:vgg-cifar", batch_size=1, num_classes=10)
+    trace = profile(w.model, w.step_fn, iters=1, warmup=1)
+    verify_trace(trace)
+    assert {t.name for t in trace.tensors} == {n for n, _ in w.model.named_parameters()}
+    sizes = [t.size_bytes for t in trace.tensors]
+    assert len(sizes) == 28  # 13 convolutions + 1 linear, weight and bias each
+    assert sum(sizes) == 14_719_818 * 4
+    # The property the throttled-link benchmark relies on: the last six convolutions (512
+    # channels) hold most of the gradient bytes, and their gradients are produced first.
+    late = sum(t.size_bytes for t in trace.tensors if t.size_bytes >= 512 * 512 * 9 * 4)
+    assert late > 0.5 * sum(sizes)
+
+
 def test_lstm_seq2seq_profiles() -> None:
     torch.manual_seed(0)
     model = Seq2Seq(vocab=40, d_model=8, n_layers=2)

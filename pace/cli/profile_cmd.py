@@ -58,7 +58,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--model",
         required=True,
-        help="torchvision:NAME (random weights, no download), pace:transformer, pace:lstm-seq2seq",
+        help=(
+            "torchvision:NAME (random weights, no download), pace:transformer, "
+            "pace:lstm-seq2seq, pace:vgg-cifar"
+        ),
     )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--iters", type=int, default=5, help="measured iterations (medians)")

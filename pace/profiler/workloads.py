@@ -5,7 +5,10 @@
 decoder (token + position embeddings, pre-LN blocks, tied output head; 12 blocks of width 512:
 148 parameter tensors, 46 M parameters) and ``pace:lstm-seq2seq`` an encoder-decoder LSTM in
 the style of the PACE paper's Seq2Seq (4 + 4 layers of width 512: 36 tensors, 41 M
-parameters), both on random tokens. Inputs are made once, so every iteration runs the same ops.
+parameters), both on random tokens. ``pace:vgg-cifar`` is VGG-16 for 32x32 images (13
+convolutions + one linear classifier, 28 tensors, 14.7 M parameters): VGG's layout, where the
+late layers hold most of the bytes, at a size one CPU core trains in well under a second.
+Inputs are made once, so every iteration runs the same ops.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from torch.nn import functional as F  # noqa: N812 - the usual torch spelling
 
 from pace.errors import InputError
 
-BUILTINS: tuple[str, ...] = ("pace:transformer", "pace:lstm-seq2seq")
+BUILTINS: tuple[str, ...] = ("pace:transformer", "pace:lstm-seq2seq", "pace:vgg-cifar")
+
+# VGG-16 ("configuration D"): (channels, 3x3 convolutions) per stage; a 2x2 max-pool after each.
+_VGG16_STAGES: tuple[tuple[int, int], ...] = ((64, 2), (128, 2), (256, 3), (512, 3), (512, 3))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,6 +109,18 @@ class Seq2Seq(nn.Module):
         dec, _ = self.decoder(self.tgt_emb(tgt), state)
         out: torch.Tensor = self.out(dec)
         return out
+
+
+def vgg_cifar(num_classes: int = 10) -> nn.Sequential:
+    """VGG-16 for 32x32 inputs: the 13 convolutions of VGG-16, then one linear classifier."""
+    layers: list[nn.Module] = []
+    channels = 3
+    for width, convs in _VGG16_STAGES:
+        for _ in range(convs):
+            layers += [nn.Conv2d(channels, width, 3, padding=1), nn.ReLU(inplace=True)]
+            channels = width
+        layers.append(nn.MaxPool2d(2))
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(channels, num_classes))
 
 
 def _sgd(model: nn.Module) -> torch.optim.Optimizer:
@@ -191,6 +209,21 @@ def build_workload(
             step_fn=gpt_step,
             optimizer=_sgd(gpt),
             details={"batch_size": batch_size, "seq_len": seq_len, "vocab": vocab},
+        )
+    if spec == "pace:vgg-cifar":
+        vgg = vgg_cifar(num_classes).to(device)
+        images = torch.randn(batch_size, 3, 32, 32, generator=g).to(device)
+        labels = torch.randint(0, num_classes, (batch_size,), generator=g).to(device)
+
+        def vgg_step(m: nn.Module) -> torch.Tensor:
+            return F.cross_entropy(m(images), labels)
+
+        return Workload(
+            name=spec,
+            model=vgg,
+            step_fn=vgg_step,
+            optimizer=_sgd(vgg),
+            details={"batch_size": batch_size, "image_size": 32, "num_classes": num_classes},
         )
     if spec == "pace:lstm-seq2seq":
         s2s = Seq2Seq().to(device)
