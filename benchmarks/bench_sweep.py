@@ -50,12 +50,16 @@ DEFAULT_SCALES: tuple[str, ...] = (CALIBRATED, "30")
 FIG8_BANDWIDTH_GBPS = 10.0
 FIG9_WORKERS = 16
 
+# Every baseline of bench_models plus ``horovod-old``: Horovod's fusion defaults before 0.28
+# (64 MiB / 5 ms, docs/baselines.md), the Horovod of the paper's 2019 testbed.
+REPORTED: tuple[str, ...] = (*BASELINES[:2], "horovod-old", *BASELINES[2:])
 # Columns of the condensed tables: the paper's three baselines (WFBP = FIFO, Horovod, TicTac)
 # and ByteScheduler, then the best of all baselines at that point.
-HEADLINE: tuple[str, ...] = ("fifo", "horovod", "tictac", "bytescheduler")
+HEADLINE: tuple[str, ...] = ("fifo", "horovod", "horovod-old", "tictac", "bytescheduler")
 LABEL = {
     "fifo": "WFBP/FIFO",
     "horovod": "Horovod",
+    "horovod-old": "Horovod-old",
     "tictac": "TicTac",
     "bytescheduler": "ByteScheduler",
     "bytescheduler-tuned": "BS-tuned",
@@ -156,7 +160,7 @@ class Point:
     @property
     def best_baseline(self) -> str:
         """The fastest of the reported baselines at this point."""
-        return min(BASELINES, key=self.baselines_us.__getitem__)
+        return min(REPORTED, key=self.baselines_us.__getitem__)
 
     @property
     def gap(self) -> float:
@@ -257,7 +261,7 @@ def _where(p: Point) -> str:
 
 def time_rows(points: Iterable[Point]) -> tuple[list[str], list[list[str]]]:
     """Iteration times (ms) of pace, the bound and every baseline at every point."""
-    cols = ["trace", "Gbps", "workers", "compute", "bound", "pace", *BASELINES]
+    cols = ["trace", "Gbps", "workers", "compute", "bound", "pace", *REPORTED]
     rows = [
         [
             p.task.trace,
@@ -266,7 +270,7 @@ def time_rows(points: Iterable[Point]) -> tuple[list[str], list[list[str]]]:
             f"{p.compute_us / 1e3:.1f}",
             f"{p.bound_us / 1e3:.1f}",
             f"{p.pace_us / 1e3:.1f}",
-            *(f"{p.baselines_us[b] / 1e3:.1f}" for b in BASELINES),
+            *(f"{p.baselines_us[b] / 1e3:.1f}" for b in REPORTED),
         ]
         for p in points
     ]
@@ -280,7 +284,7 @@ def speedup_rows(points: Iterable[Point]) -> tuple[list[str], list[list[str]]]:
         "Gbps",
         "workers",
         "pace ms",
-        *(f"vs {LABEL.get(b, b)}" for b in BASELINES),
+        *(f"vs {LABEL.get(b, b)}" for b in REPORTED),
         "vs best",
         "gap to bound",
     ]
@@ -290,7 +294,7 @@ def speedup_rows(points: Iterable[Point]) -> tuple[list[str], list[list[str]]]:
             f"{p.task.bandwidth_gbps:g}",
             str(p.task.workers),
             f"{p.pace_us / 1e3:.1f}",
-            *(_pct(p.speedup(b)) for b in BASELINES),
+            *(_pct(p.speedup(b)) for b in REPORTED),
             f"{_pct(p.speedup(p.best_baseline))} ({LABEL.get(p.best_baseline, p.best_baseline)})",
             f"{p.gap * 100:.2f}%",
         ]
@@ -331,7 +335,8 @@ def summary_rows(points: Sequence[Point]) -> tuple[list[str], list[list[str]]]:
 
 def paper_rows(points: Sequence[Point]) -> tuple[list[str], list[list[str]]]:
     """The paper's Fig. 8 claim, our way: range over workers of the speed-up at 10 Gbps."""
-    cols = ["trace", *(f"vs {LABEL.get(b, b)}" for b in ("fifo", "horovod", "tictac"))]
+    paper = ("fifo", "horovod", "horovod-old", "tictac")
+    cols = ["trace", *(f"vs {LABEL.get(b, b)}" for b in paper)]
     rows = []
     for name in dict.fromkeys(p.task.trace for p in points):
         pts = [
@@ -342,7 +347,7 @@ def paper_rows(points: Sequence[Point]) -> tuple[list[str], list[list[str]]]:
         if not pts:
             continue
         cells = [name]
-        for b in ("fifo", "horovod", "tictac"):
+        for b in paper:
             vals = [p.speedup(b) for p in pts]
             cells.append(f"{_pct(min(vals))} .. {_pct(max(vals))}")
         rows.append(cells)
@@ -451,7 +456,7 @@ def plot(points: Sequence[Point], out_dir: Path) -> list[Path]:
             for ax, name in zip(axes.flat, names, strict=False):
                 mine = sorted((p for p in sel if p.task.trace == name), key=xval)
                 xs = [xval(p) for p in mine]
-                for b in BASELINES:
+                for b in REPORTED:
                     ax.plot(
                         xs,
                         [(p.speedup(b) - 1) * 100 for p in mine],
@@ -471,7 +476,7 @@ def plot(points: Sequence[Point], out_dir: Path) -> list[Path]:
             for ax in list(axes.flat)[len(names) :]:
                 ax.set_visible(False)
             handles, labels = axes.flat[0].get_legend_handles_labels()
-            fig.legend(handles, labels, loc="lower center", ncol=len(BASELINES), fontsize=7)
+            fig.legend(handles, labels, loc="lower center", ncol=len(REPORTED), fontsize=7)
             fig.suptitle(f"pace vs baselines, {_scale_title(scale)}", fontsize=10)
             fig.tight_layout(rect=(0, 0.05, 1, 1))
             path = (
