@@ -2,7 +2,7 @@
 
     python benchmarks/bench_sweep.py [--traces vgg16,resnet50,transformer,lstm_seq2seq]
         [--bandwidths 1,5,10,25,100] [--workers 2,4,8,16,64]
-        [--compute-speedup calibrated,30] [--jobs 2] [--markdown] [--plot docs/img]
+        [--compute-speedup calibrated,30] [--latency-us 50] [--jobs 2] [--markdown] [--plot DIR]
 
 For every shipped real trace (``traces/``) and every point of the grid, the trace's all-reduce
 cost becomes the ring model of PACE Eqn. 1 at that bandwidth and worker count (plus the trace's
@@ -16,6 +16,8 @@ takes seconds and any all-reduce hides. ``calibrated`` divides each trace's op d
 its compute-only iteration takes what the paper's GPU (GTX 1080 Ti, PACE Sec. VI-B) would need for
 the paper's per-GPU batch (``CALIBRATION``, ``gpu_target_us``); a number ``X`` divides every
 trace's durations by ``X`` (the uniform scale of README/bench_models), to show the sensitivity.
+``--latency-us`` replaces every trace's per-call all-reduce latency (the shipped traces carry a
+default 50 us, not a measurement of the paper's cluster), the knob on which fusion's value rests.
 """
 
 from __future__ import annotations
@@ -376,10 +378,10 @@ def _scale_title(scale: str) -> str:
     return f"compute x{scale} (uniform)"
 
 
-def print_markdown(points: Sequence[Point]) -> None:
+def print_markdown(points: Sequence[Point], *, note: str = "") -> None:
     for scale in dict.fromkeys(p.task.scale for p in points):
         pts = [p for p in points if p.task.scale == scale]
-        print(f"### {_scale_title(scale)}\n")
+        print(f"### {_scale_title(scale)}{note}\n")
         print(_markdown(*summary_rows(pts)))
         print(f"\nSpeed-up range over workers at {FIG8_BANDWIDTH_GBPS:g} Gbps (paper Fig. 8):\n")
         print(_markdown(*paper_rows(pts)))
@@ -390,7 +392,7 @@ def print_markdown(points: Sequence[Point]) -> None:
         print("\n</details>\n")
 
 
-def print_rich(points: Sequence[Point]) -> None:
+def print_rich(points: Sequence[Point], *, note: str = "") -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -398,9 +400,12 @@ def print_rich(points: Sequence[Point]) -> None:
     for scale in dict.fromkeys(p.task.scale for p in points):
         pts = [p for p in points if p.task.scale == scale]
         for title, (cols, rows) in (
-            (f"iteration time (ms), {_scale_title(scale)}", time_rows(pts)),
-            (f"speed-up of pace (baseline / pace - 1), {_scale_title(scale)}", speedup_rows(pts)),
-            (f"summary, {_scale_title(scale)}", summary_rows(pts)),
+            (f"iteration time (ms), {_scale_title(scale)}{note}", time_rows(pts)),
+            (
+                f"speed-up of pace (baseline / pace - 1), {_scale_title(scale)}{note}",
+                speedup_rows(pts),
+            ),
+            (f"summary, {_scale_title(scale)}{note}", summary_rows(pts)),
             (f"range at {FIG8_BANDWIDTH_GBPS:g} Gbps over workers (paper Fig. 8)", paper_rows(pts)),
         ):
             table = Table(title=title)
@@ -414,11 +419,11 @@ def print_rich(points: Sequence[Point]) -> None:
 # --- Figures ----------------------------------------------------------------------------------
 
 
-def plot(points: Sequence[Point], out_dir: Path) -> list[Path]:
+def plot(points: Sequence[Point], out_dir: Path, *, note: str = "", suffix: str = "") -> list[Path]:
     """Speed-up vs workers (at 10 Gbps, Fig. 8) and vs bandwidth (16 workers, Fig. 9) per scale.
 
-    Writes ``sweep_workers_<scale>.png`` and ``sweep_bandwidth_<scale>.png``; returns the paths.
-    A slice missing from the grid is skipped.
+    Writes ``sweep_workers_<scale><suffix>.png`` and ``sweep_bandwidth_<scale><suffix>.png``
+    (``note`` is added to the titles); returns the paths. A slice missing from the grid is skipped.
     """
     import matplotlib
 
@@ -477,10 +482,11 @@ def plot(points: Sequence[Point], out_dir: Path) -> list[Path]:
                 ax.set_visible(False)
             handles, labels = axes.flat[0].get_legend_handles_labels()
             fig.legend(handles, labels, loc="lower center", ncol=len(REPORTED), fontsize=7)
-            fig.suptitle(f"pace vs baselines, {_scale_title(scale)}", fontsize=10)
+            fig.suptitle(f"pace vs baselines, {_scale_title(scale)}{note}", fontsize=10)
             fig.tight_layout(rect=(0, 0.05, 1, 1))
             path = (
-                out_dir / f"sweep_{key}_{'calibrated' if scale == CALIBRATED else 'x' + scale}.png"
+                out_dir
+                / f"sweep_{key}_{'calibrated' if scale == CALIBRATED else 'x' + scale}{suffix}.png"
             )
             fig.savefig(path, dpi=100)
             plt.close(fig)
@@ -489,6 +495,14 @@ def plot(points: Sequence[Point], out_dir: Path) -> list[Path]:
 
 
 # --- CLI --------------------------------------------------------------------------------------
+
+
+def with_latency(trace: Trace, latency_us: float) -> Trace:
+    """``trace`` with another per-call all-reduce latency (``alpha_us``; the what-if keeps it)."""
+    import dataclasses
+
+    comm = dataclasses.replace(trace.comm, alpha_us=latency_us, samples=())
+    return dataclasses.replace(trace, comm=comm)
 
 
 def _load(spec: str) -> tuple[str, Trace]:
@@ -511,12 +525,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(DEFAULT_SCALES),
         help="comma list of 'calibrated' and/or uniform speed-ups (default: calibrated,30)",
     )
+    ap.add_argument(
+        "--latency-us",
+        type=float,
+        help="per-call all-reduce latency (alpha); default: each trace's own (50 us shipped)",
+    )
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2)")
     ap.add_argument("--markdown", action="store_true", help="print markdown tables")
     ap.add_argument("--plot", type=Path, metavar="DIR", help="write the PNG figures there")
     args = ap.parse_args(argv)
 
     traces = dict(_load(s.strip()) for s in args.traces.split(",") if s.strip())
+    note = suffix = ""
+    if args.latency_us is not None:
+        traces = {n: with_latency(t, args.latency_us) for n, t in traces.items()}
+        note, suffix = f", {args.latency_us:g} us per call", f"_lat{args.latency_us:g}"
     scales = [s.strip() for s in args.compute_speedup.split(",") if s.strip()]
     for s in scales:
         if s != CALIBRATED:
@@ -533,15 +556,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         points = run_sweep(traces, tasks, jobs=args.jobs, on_done=lambda _p: bar.update())
 
     if args.markdown:
-        print_markdown(points)
+        print_markdown(points, note=note)
     else:
-        print_rich(points)
+        print_rich(points, note=note)
     bad = violations(points)
     print(f"\n{len(points)} points; one-channel baselines faster than pace: {len(bad)}")
     for line in bad:
         print(f"  {line}")
     if args.plot is not None:
-        for path in plot(points, args.plot):
+        for path in plot(points, args.plot, note=note, suffix=suffix):
             print(f"wrote {path}", file=sys.stderr)
     return 0
 

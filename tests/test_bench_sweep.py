@@ -23,6 +23,7 @@ from benchmarks.bench_sweep import (
     summary_rows,
     time_rows,
     violations,
+    with_latency,
 )
 from pace.compiler import apply_what_if
 from pace.ir import Trace
@@ -136,3 +137,15 @@ def test_plot_writes_both_figures(points: list[Point], tmp_path: Path) -> None:
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert math.isfinite(points[0].gap)
+
+
+def test_latency_option_changes_only_alpha(traces: dict[str, Trace]) -> None:
+    trace = traces["synth"]
+    slow = with_latency(trace, trace.comm.alpha_us + 500.0)
+    assert slow.comm.alpha_us == trace.comm.alpha_us + 500.0
+    assert slow.comm.beta_us_per_byte == trace.comm.beta_us_per_byte
+    assert slow.ops == trace.ops
+    tasks = make_tasks({"synth": trace}, scales=["2"], bandwidths_gbps=[10.0], workers=[8])
+    base, more = (run_sweep({"synth": t}, tasks)[0] for t in (trace, slow))
+    # FIFO sends the same tensors in the same order; each call now costs 500 us more.
+    assert more.baselines_us["fifo"] > base.baselines_us["fifo"]
