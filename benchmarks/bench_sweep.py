@@ -68,7 +68,7 @@ LABEL = {
 }
 
 # --- Compute calibration ----------------------------------------------------------------------
-# One measured anchor: ResNet-50 trains at 209 images/s (fp32, batch 64 per GPU) on a GTX 1080 Ti
+# One measured anchor: ResNet-50 trains at 209 images/s (fp32, synthetic data) on a GTX 1080 Ti
 # in Lambda Labs' published TensorFlow 1.12 GPU benchmarks (2019), the GPU of the PACE testbed.
 # With the training FLOPs of our ResNet-50 (benchmarks/model_flops.py: 777.57 GFLOP per iteration
 # of 32 images) that is an effective 5.08 TFLOP/s (45% of the card's 11.3 TFLOP/s fp32 peak).
