@@ -396,7 +396,8 @@ def print_rich(points: Sequence[Point], *, note: str = "") -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    # The tables are wide: outside a terminal (a pipe, a log file) do not wrap them at 80 columns.
+    console = Console(width=None if sys.stdout.isatty() else 220)
     for scale in dict.fromkeys(p.task.scale for p in points):
         pts = [p for p in points if p.task.scale == scale]
         for title, (cols, rows) in (
@@ -544,6 +545,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for s in scales:
         if s != CALIBRATED:
             float(s)  # a ValueError here names the bad value
+    missing = [n for n in traces if n not in CALIBRATION]
+    if CALIBRATED in scales and missing:
+        ap.error(f"no compute calibration for {', '.join(missing)}: give --compute-speedup X")
     tasks = make_tasks(
         traces,
         scales=scales,
