@@ -1,0 +1,574 @@
+"""Measured speed-up on a throttled link: two network namespaces, one training process in each.
+
+    sudo python benchmarks/bench_netns.py [--rates 1gbit,2gbit] [--backends horovod,torch]
+
+(root is needed for ``ip netns`` and ``tc``; run as root, no sudo, where the shell is root.)
+
+The script makes two network namespaces joined by a veth pair, limits each direction of the
+pair with a ``tc`` token-bucket filter, and removes all of it on exit (also on Ctrl-C or an
+error). Traffic flows only between the two namespaces it made. One rank of a 2-rank data-parallel
+job runs in each namespace, on the CPU, one compute thread each, training ``pace:vgg-cifar``
+(VGG-16 for 32x32 images: 56 MiB of gradients, most of them in the late layers, which backward
+produces first and forward needs last: the case for scheduling).
+
+Per rate, per backend:
+
+1. **comm fit**: all-reduce times over the throttled link, 2 ranks, fitted to ``alpha + beta *
+   bytes`` (the same statistic as ``pace profile-comm``).
+2. **compile**: the model's trace (profiled once on this CPU, one thread, before any of this)
+   with that cost model, through ``pace.compiler.compile_trace`` (the default pipeline).
+3. **train**: the variants, in blocks alternating within one launch so slow drift of the shared
+   machine hits all alike; per-iteration periods (start of one step to the start of the next),
+   median over all blocks. Horovod's vanilla run uses Horovod's defaults (tensor fusion,
+   response cache) and so needs its own launch; every other variant runs with fusion and cache
+   off, as the pace runtime requires.
+4. **predict**: the simulator's replay of the same trace with the fitted cost model, under the
+   policy that describes each variant, plus the optimizer step the profiler measured (the
+   replay window holds forward and backward only).
+
+Variants: ``vanilla`` (``hvd.DistributedOptimizer`` with Horovod's defaults; for torch: DDP),
+``vanilla-nofusion`` (Horovod only: the same, fusion and cache off), ``online`` (the runtime's
+ByteScheduler mode: layer priority, 4 MiB partitions, 16 MiB credit), ``pace`` (the runtime
+replaying the compiled schedule), ``local`` (no communication: what compute alone costs while
+the other rank also runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+
+MODEL = "pace:vgg-cifar"
+NUM_CLASSES = 10
+LR = 0.01
+# Horovod reads these once at hvd.init(); the pace runtime needs its units unfused and uncached.
+PACE_HOROVOD_ENV = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"}
+LAUNCH_TIMEOUT_S = 1800.0
+NETNS_ETC = Path("/etc/netns")  # per-namespace /etc overrides of `ip netns exec`
+
+
+# --------------------------------------------------------------------------- the link
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Link:
+    """Two namespaces joined by a veth pair: rank r runs in ``ns[r]`` at ``ip[r]`` on ``dev[r]``."""
+
+    ns: tuple[str, str]
+    dev: tuple[str, str]
+    ip: tuple[str, str]
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
+
+
+@contextlib.contextmanager
+def throttled_link() -> Iterator[Link]:
+    """Create the namespaces and veth pair; always delete them (which also drops the tc rules)."""
+    tag = f"{os.getpid() % 100000}"
+    subnet = 16 + os.getpid() % 200  # 10.231.<subnet>.0/24: unlikely to meet anything else
+    link = Link(
+        ns=(f"pace-a-{tag}", f"pace-b-{tag}"),
+        dev=(f"pa{tag}", f"pb{tag}"),
+        ip=(f"10.231.{subnet}.1", f"10.231.{subnet}.2"),
+    )
+    made: list[str] = []
+    etc_existed = NETNS_ETC.exists()
+    old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        for r, ns in enumerate(link.ns):
+            _ip("netns", "add", ns)
+            made.append(ns)
+            # `ip netns exec` bind-mounts /etc/netns/NS/hosts over /etc/hosts. Horovod 0.28's
+            # process-set contexts create their gloo device without HOROVOD_GLOO_IFACE, so gloo
+            # binds to whatever this host's name resolves to: make that the namespace's address.
+            etc = NETNS_ETC / ns
+            etc.mkdir(parents=True, exist_ok=True)
+            hostname = socket.gethostname()
+            (etc / "hosts").write_text(f"127.0.0.1 localhost\n{link.ip[r]} {hostname}\n")
+        _ip("link", "add", link.dev[0], "type", "veth", "peer", "name", link.dev[1])
+        for r in (0, 1):
+            _ip("link", "set", link.dev[r], "netns", link.ns[r])
+            _ip("-n", link.ns[r], "addr", "add", f"{link.ip[r]}/24", "dev", link.dev[r])
+            _ip("-n", link.ns[r], "link", "set", link.dev[r], "up")
+            _ip("-n", link.ns[r], "link", "set", "lo", "up")
+        yield link
+    finally:
+        for ns in made:  # deleting a namespace deletes its end of the veth, hence the pair
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+            shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+        if not etc_existed:
+            with contextlib.suppress(OSError):
+                NETNS_ETC.rmdir()
+        signal.signal(signal.SIGTERM, old_term)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def set_rate(link: Link, rate: str) -> None:
+    """Limit each direction of the pair to ``rate`` (tc syntax: 1gbit, 500mbit, ...)."""
+    for r in (0, 1):
+        # A token bucket on each egress. The burst must hold a whole GSO super-packet (64 KiB);
+        # 1 Mbit keeps the shaping smooth at the time scale of one all-reduce (milliseconds).
+        cmd = ["tc", "-n", link.ns[r], "qdisc", "replace", "dev", link.dev[r], "root", "tbf"]
+        cmd += ["rate", rate, "burst", "1mbit", "latency", "50ms"]
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=30)
+
+
+# --------------------------------------------------------------------------- launching ranks
+
+
+def _rank_cmd(link: Link, rank: int, argv: Sequence[str]) -> list[str]:
+    return ["ip", "netns", "exec", link.ns[rank], sys.executable, __file__, *argv]
+
+
+def _base_env() -> dict[str, str]:
+    return dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+
+
+def launch(
+    link: Link, backend: str, argv: Sequence[str], extra_env: dict[str, str] | None = None
+) -> None:
+    """Run ``argv`` (this script's worker role) as 2 ranks, one per namespace."""
+    env = _base_env() | (extra_env or {})
+    if backend == "horovod":
+        # Horovod's gloo rendezvous server must be reachable by both ranks: a small driver
+        # in rank 0's namespace runs it (what horovodrun does, without ssh).
+        cmd = ["ip", "netns", "exec", link.ns[0], sys.executable, __file__, "--role", "hvd-driver"]
+        cmd += ["--link", json.dumps([link.ns, link.dev, link.ip]), "--", *argv]
+        _run(cmd, env)
+        return
+    procs = []
+    for r in (0, 1):
+        renv = env | {
+            "MASTER_ADDR": link.ip[0],
+            "MASTER_PORT": "29512",
+            "RANK": str(r),
+            "WORLD_SIZE": "2",
+            "GLOO_SOCKET_IFNAME": link.dev[r],
+        }
+        procs.append(subprocess.Popen(_rank_cmd(link, r, argv), env=renv))
+    _wait_all(procs)
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> None:
+    _wait_all([subprocess.Popen(cmd, env=env)])
+
+
+def _wait_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Wait for every process; if one fails or the time runs out, stop the others too."""
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    try:
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode not in (None, 0) for p in procs):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ranks did not finish in {LAUNCH_TIMEOUT_S:.0f} s")
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=10)
+                if p.poll() is None:
+                    p.kill()
+    codes = [p.returncode for p in procs]
+    if any(c != 0 for c in codes):
+        raise RuntimeError(f"a rank failed (exit codes {codes}); see its output above")
+
+
+def hvd_driver(link_json: str, argv: Sequence[str]) -> None:
+    """Runs in rank 0's namespace: Horovod's rendezvous server, then both ranks."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+    from horovod.runner.http.http_server import RendezvousServer
+
+    ns, dev, ip = (tuple(x) for x in json.loads(link_json))
+    link = Link(ns=(ns[0], ns[1]), dev=(dev[0], dev[1]), ip=(ip[0], ip[1]))
+    plan = get_host_assignments(parse_hosts(f"{link.ip[0]}:1,{link.ip[1]}:1"), 2)
+    server = RendezvousServer(False)
+    port = server.start()
+    server.init(plan)
+    procs = []
+    for slot in plan:
+        r = int(slot.rank)
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in create_run_env_vars(link.ip[0], [dev[r]], port).items()})
+        env.update({k: str(v) for k, v in create_slot_env_vars(slot).items()})
+        cmd = [sys.executable, __file__, *argv] if r == 0 else _rank_cmd(link, r, argv)
+        procs.append(subprocess.Popen(cmd, env=env))
+    try:
+        _wait_all(procs)
+    finally:
+        server.stop()
+
+
+# --------------------------------------------------------------------------- the ranks' work
+
+
+def _init_backend(backend: str) -> tuple[int, int]:
+    if backend == "horovod":
+        import horovod.torch as hvd
+
+        hvd.init()
+        return int(hvd.rank()), int(hvd.size())
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def worker_comm(args: argparse.Namespace) -> None:
+    """All-reduce times over the link: per size, median over reps of the slowest rank."""
+    import torch
+
+    torch.set_num_threads(1)
+    rank, _ = _init_backend(args.backend)
+    if args.backend == "horovod":
+        import horovod.torch as hvd
+
+        def allreduce(buf: Any, tag: str) -> None:
+            hvd.allreduce_(buf, op=hvd.Sum, name=tag)
+
+        def slowest(x: float, tag: str) -> float:
+            t = hvd.allgather(torch.tensor([x], dtype=torch.float64), name=tag)
+            return float(t.max())
+    else:
+        import torch.distributed as dist
+
+        def allreduce(buf: Any, tag: str) -> None:
+            dist.all_reduce(buf)
+
+        def slowest(x: float, tag: str) -> float:
+            t = torch.tensor([x], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return float(t)
+
+    samples = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        buf = torch.ones(max(1, size // 4))
+        allreduce(buf, f"warm.{size}")
+        times = []
+        for rep in range(args.comm_reps):
+            allreduce(torch.zeros(1), f"bar.{size}.{rep}")  # start together
+            t0 = time.perf_counter()
+            allreduce(buf, f"ar.{size}")
+            times.append(slowest(time.perf_counter() - t0, f"t.{size}.{rep}"))
+        samples.append([buf.numel() * 4, statistics.median(times) * 1e6])
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(samples))
+
+
+def worker_train(args: argparse.Namespace) -> None:
+    """Train every variant from the same weights, alternating blocks; rank 0 writes periods."""
+    import warnings
+
+    import torch
+    from torch.nn import functional
+
+    import pace.runtime
+    from pace.profiler.workloads import vgg_cifar
+
+    torch.set_num_threads(1)
+    rank, _ = _init_backend(args.backend)
+    g = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randn(args.batch, 3, 32, 32, generator=g)
+    y = torch.randint(0, NUM_CLASSES, (args.batch,), generator=g)
+
+    def make(kind: str) -> tuple[Any, Any]:
+        torch.manual_seed(0)
+        model = vgg_cifar(NUM_CLASSES)
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+        if kind == "local":
+            return model, opt
+        if kind in ("vanilla", "vanilla-nofusion"):
+            if args.backend == "horovod":
+                import horovod.torch as hvd
+
+                return model, hvd.DistributedOptimizer(
+                    opt, named_parameters=model.named_parameters()
+                )
+            from torch.nn.parallel import DistributedDataParallel
+
+            ddp = DistributedDataParallel(model)
+            return ddp, torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
+        schedule = args.schedule if kind == "pace" else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return model, pace.runtime.wrap(opt, model, schedule, backend=args.backend)
+
+    kinds = args.variants.split(",")
+    runs = {k: make(k) for k in kinds}
+
+    def block(kind: str, steps: int) -> list[float]:
+        model, opt = runs[kind]
+        starts = []
+        for _ in range(steps + 1):
+            starts.append(time.perf_counter())
+            opt.zero_grad()
+            functional.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
+            opt.step()
+        if hasattr(opt, "synchronize") and kind != "local":
+            opt.synchronize()  # drain before the next variant's block
+        return [b - a for a, b in itertools.pairwise(starts)]
+
+    for k in kinds:
+        block(k, 2)  # warm-up (DDP rebuilds its buckets after the first iteration)
+    periods: dict[str, list[float]] = {k: [] for k in kinds}
+    for b in range(args.blocks):
+        for k in kinds if b % 2 == 0 else kinds[::-1]:
+            periods[k] += block(k, args.steps)
+    for _, opt in runs.values():
+        if hasattr(opt, "close"):
+            opt.close()
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(periods))
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Row:
+    rate: str
+    backend: str
+    variant: str
+    measured_ms: float
+    spread_ms: float  # interquartile range of the per-iteration periods
+    predicted_ms: float | None
+
+
+def profile_trace(batch: int, out: Path) -> Any:
+    """The model's trace: real iterations on this CPU, one thread (the compute every row uses)."""
+    from pace.io import save_trace
+    from pace.profiler import profile
+    from pace.profiler.workloads import build_workload
+
+    w = build_workload(MODEL, batch_size=batch, num_classes=NUM_CLASSES)
+    trace = profile(w.model, w.step_fn, optimizer=w.optimizer, iters=7, warmup=3, name=MODEL)
+    save_trace(trace, out)
+    return trace
+
+
+def fit_link(link: Link, backend: str, trace: Any, tmp: Path, reps: int) -> Any:
+    from pace.profiler.comm import fit_comm, sizes_covering
+
+    sizes = sizes_covering([t.size_bytes for t in trace.tensors], points=8)
+    sizes = sorted(set(sizes) | {4 * 2**20, 16 * 2**20})  # the online mode's pieces too
+    out = tmp / f"comm-{backend}.json"
+    argv = ["--role", "comm", "--backend", backend, "--out", str(out)]
+    argv += ["--sizes", ",".join(map(str, sizes)), "--reps", str(reps)]
+    launch(link, backend, argv, PACE_HOROVOD_ENV if backend == "horovod" else None)
+    samples = [(int(b), float(u)) for b, u in json.loads(out.read_text())]
+    _say("    all-reduce samples (bytes: us): " + ", ".join(f"{b}: {u:.0f}" for b, u in samples))
+    return fit_comm(samples, workers=2, backend=backend)
+
+
+def predictions_ms(trace: Any, schedule: Any, backend: str) -> dict[str, float]:
+    """The simulator's replay of each variant, plus the optimizer step the profiler measured."""
+    from pace.runtime import RuntimeOptions
+    from pace.sim import SimOptions, compute_critical_path_us, schedule_policy, simulate
+    from pace.sim.policies import bytescheduler
+
+    opts = RuntimeOptions()
+    step_us = float(trace.meta.get("optimizer_us", 0.0))
+    # Horovod runs its collectives one at a time on its background thread, and the pace
+    # runtime's torch backend issues its units in order on one process group: one unit on the
+    # wire at a time, in priority order, whatever the credit lets the runtime enqueue.
+    online = bytescheduler(partition_bytes=opts.partition_bytes, credit_bytes=opts.credit_bytes)
+    serial = SimOptions(credit=1)
+    pred = {
+        "pace": simulate(trace, schedule_policy(schedule)).iteration_us,
+        "online": simulate(trace, online, options=serial).iteration_us,
+        "local": compute_critical_path_us(trace),
+    }
+    if backend == "horovod":
+        pred["vanilla"] = simulate(trace, "horovod").iteration_us
+        pred["vanilla-nofusion"] = simulate(
+            trace, "fifo", options=SimOptions(barrier=True)
+        ).iteration_us
+    else:
+        pred["vanilla"] = simulate(trace, "ddp").iteration_us
+    return {k: (v + step_us) / 1e3 for k, v in pred.items()}
+
+
+def measure(args: argparse.Namespace) -> list[Row]:
+    from pace.compiler import compile_trace
+    from pace.io import load_trace, save_schedule
+
+    tmp = Path(tempfile.mkdtemp(prefix="pace-netns-"))
+    try:
+        trace_path = tmp / "vgg.trace.json.gz"
+        if args.trace:
+            trace_path = Path(args.trace)
+            base = load_trace(trace_path)
+        else:
+            _say(f"profiling {MODEL}, batch {args.batch}, one CPU thread ...")
+            base = profile_trace(args.batch, trace_path)
+        rows: list[Row] = []
+        with throttled_link() as link:
+            for rate in args.rates.split(","):
+                set_rate(link, rate)
+                for backend in args.backends.split(","):
+                    _say(f"[{rate} {backend}] fitting the all-reduce cost over the link ...")
+                    fit = fit_link(link, backend, base, tmp, args.comm_reps)
+                    _say(
+                        f"[{rate} {backend}] alpha {fit.model.alpha_us:.0f} us, "
+                        f"{8e-3 / fit.model.beta_us_per_byte:.2f} Gbit/s effective "
+                        f"(R^2 {fit.r2:.3f}); compiling ..."
+                    )
+                    trace = dataclasses.replace(base, comm=fit.model)
+                    result = compile_trace(trace)
+                    sched_path = tmp / f"{rate}-{backend}.schedule.json"
+                    save_schedule(result.schedule, sched_path)
+                    pred = predictions_ms(trace, result.schedule, backend)
+                    measured = _train(link, backend, sched_path, tmp, args)
+                    for variant, periods in measured.items():
+                        q = statistics.quantiles(periods, n=4)
+                        rows.append(
+                            Row(
+                                rate=rate,
+                                backend=backend,
+                                variant=variant,
+                                measured_ms=statistics.median(periods) * 1e3,
+                                spread_ms=(q[2] - q[0]) * 1e3,
+                                predicted_ms=pred.get(variant),
+                            )
+                        )
+                    _print_rows([r for r in rows if r.rate == rate and r.backend == backend])
+        return rows
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _train(
+    link: Link, backend: str, schedule: Path, tmp: Path, args: argparse.Namespace
+) -> dict[str, list[float]]:
+    common = ["--role", "train", "--backend", backend, "--schedule", str(schedule)]
+    common += ["--batch", str(args.batch), "--blocks", str(args.blocks), "--steps", str(args.steps)]
+    out: dict[str, list[float]] = {}
+    if backend == "horovod":
+        launches = [
+            (["vanilla"], None),
+            (["vanilla-nofusion", "online", "pace", "local"], PACE_HOROVOD_ENV),
+        ]
+    else:
+        launches = [(["vanilla", "online", "pace", "local"], None)]
+    for variants, env in launches:
+        path = tmp / f"train-{backend}.json"
+        _say(f"  training {', '.join(variants)} ...")
+        launch(link, backend, [*common, "--variants", ",".join(variants), "--out", str(path)], env)
+        out |= {k: [float(v) for v in vs] for k, vs in json.loads(path.read_text()).items()}
+    return out
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _print_rows(rows: Sequence[Row], *, markdown: bool = False) -> None:
+    base = {(r.rate, r.backend): r for r in rows if r.variant == "vanilla"}
+    head = ["rate", "backend", "variant", "measured ms", "IQR ms", "predicted ms", "error"]
+    head += ["speed-up (measured)", "speed-up (predicted)"]
+    lines = []
+    for r in rows:
+        v = base.get((r.rate, r.backend))
+        err = speed = pspeed = "-"
+        pred = "-" if r.predicted_ms is None else f"{r.predicted_ms:.1f}"
+        if r.predicted_ms is not None:
+            err = f"{100 * (r.predicted_ms - r.measured_ms) / r.measured_ms:+.1f}%"
+        if v is not None and r.variant not in ("vanilla", "local"):
+            speed = f"{v.measured_ms / r.measured_ms:.3f}x"
+            if v.predicted_ms and r.predicted_ms:
+                pspeed = f"{v.predicted_ms / r.predicted_ms:.3f}x"
+        measured = f"{r.measured_ms:.1f}"
+        lines.append(
+            [r.rate, r.backend, r.variant, measured, f"{r.spread_ms:.1f}", pred, err, speed, pspeed]
+        )
+    if markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for ln in lines:
+            print("| " + " | ".join(ln) + " |")
+        return
+    widths = [max(len(h), *(len(ln[i]) for ln in lines)) for i, h in enumerate(head)]
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
+    for ln in lines:
+        print("  ".join(c.ljust(w) for c, w in zip(ln, widths, strict=True)))
+    sys.stdout.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
+    ap.add_argument("--link", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--sizes", help=argparse.SUPPRESS)
+    ap.add_argument("--variants", help=argparse.SUPPRESS)
+    ap.add_argument("--schedule", help=argparse.SUPPRESS)
+    ap.add_argument("--backend", default="horovod", help=argparse.SUPPRESS)
+    ap.add_argument("--rates", default="1gbit,2gbit", help="tc rates, comma-separated")
+    ap.add_argument("--backends", default="horovod,torch", help="horovod and/or torch")
+    ap.add_argument("--batch", type=int, default=32, help="images per rank per iteration")
+    ap.add_argument("--blocks", type=int, default=6, help="blocks per variant (alternating)")
+    ap.add_argument("--steps", type=int, default=5, help="measured iterations per block")
+    ap.add_argument("--reps", dest="comm_reps", type=int, default=5, help="reps per comm size")
+    ap.add_argument("--trace", help="use this trace of pace:vgg-cifar instead of profiling")
+    ap.add_argument("--markdown", action="store_true", help="print the final table as markdown")
+    args, rest = ap.parse_known_args(argv)
+    if args.role == "hvd-driver":
+        hvd_driver(args.link, [a for a in rest if a != "--"])
+        return 0
+    if args.role == "comm":
+        worker_comm(args)
+        return 0
+    if args.role == "train":
+        worker_train(args)
+        return 0
+    if rest:
+        ap.error(f"unrecognised arguments: {' '.join(rest)}")
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        print("bench_netns: needs root and iproute2 (ip, tc) to make namespaces", file=sys.stderr)
+        return 2
+    rows = measure(args)
+    print()
+    print(
+        f"{MODEL}, batch {args.batch}/rank, 2 ranks in 2 network namespaces over a tc-limited "
+        f"veth pair; median per-iteration period over {args.blocks} blocks x {args.steps} "
+        "iterations per variant; predicted = simulator replay + measured optimizer step"
+    )
+    _print_rows(rows, markdown=args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
