@@ -337,8 +337,8 @@ def worker_train(args: argparse.Namespace) -> None:
             opt.zero_grad()
             functional.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
             opt.step()
-        if hasattr(opt, "synchronize") and kind != "local":
-            opt.synchronize()  # drain before the next variant's block
+        if kind in ("online", "pace"):
+            opt.synchronize()  # drain before the next variant's block (vanilla's step() did)
         return [b - a for a, b in itertools.pairwise(starts)]
 
     for k in kinds:

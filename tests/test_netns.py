@@ -1,0 +1,105 @@
+"""The throttled-link benchmark's machinery (benchmarks/bench_netns.py): namespaces, tc, launches.
+
+These need root and iproute2 (``ip netns``, ``tc``), as the benchmark does; CI runs as root.
+No timing is asserted: only that the link is made as asked, is always removed, and that real
+2-rank Horovod and torch.distributed jobs run across it and the pace runtime trains over it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_netns
+from benchmarks.bench_netns import Link, launch, set_rate, throttled_link
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+    reason="needs root and iproute2 (ip netns, tc)",
+)
+
+
+def _namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+
+
+def _qdisc(link: Link, r: int) -> str:
+    cmd = ["tc", "-n", link.ns[r], "qdisc", "show", "dev", link.dev[r]]
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+
+def _check_link(link: Link) -> None:
+    assert set(link.ns) <= _namespaces()
+    set_rate(link, "100mbit")
+    for r in (0, 1):
+        assert "tbf" in _qdisc(link, r)
+        assert "100Mbit" in _qdisc(link, r)
+        hosts = (bench_netns.NETNS_ETC / link.ns[r] / "hosts").read_text()
+        assert link.ip[r] in hosts
+    set_rate(link, "2gbit")  # replaced, not stacked
+    assert "2Gbit" in _qdisc(link, 0)
+    assert _qdisc(link, 0).count("qdisc tbf") == 1
+    # The namespaces reach each other over the pair: the peer answers (nothing listens on 9).
+    cmd = ["ip", "netns", "exec", link.ns[0], "python3", "-c"]
+    cmd.append(f"import socket; socket.create_connection(('{link.ip[1]}', 9), timeout=2)")
+    refused = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert "ConnectionRefused" in refused.stderr
+
+
+def test_link_is_made_throttled_and_always_removed() -> None:
+    made: list[Link] = []
+    # The exit path is what is tested: an error inside must still remove everything.
+    with pytest.raises(RuntimeError, match="boom"), throttled_link() as link:  # noqa: PT012
+        made.append(link)
+        _check_link(link)
+        raise RuntimeError("boom")
+    assert not set(made[0].ns) & _namespaces()
+    assert not (bench_netns.NETNS_ETC / made[0].ns[0]).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+@pytest.mark.parametrize("backend", ["horovod", "torch"])
+def test_two_ranks_all_reduce_across_the_namespaces(backend: str, tmp_path: Path) -> None:
+    pytest.importorskip("horovod.torch" if backend == "horovod" else "torch")
+    out = tmp_path / "samples.json"
+    argv = ["--role", "comm", "--backend", backend, "--out", str(out)]
+    argv += ["--sizes", "4096,65536", "--reps", "2"]
+    with throttled_link() as link:
+        set_rate(link, "500mbit")
+        launch(link, backend, argv, bench_netns.PACE_HOROVOD_ENV)
+    samples = json.loads(out.read_text())
+    assert [b for b, _ in samples] == [4096, 65536]
+    assert all(us > 0 for _, us in samples)
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+@pytest.mark.parametrize("backend", ["horovod", "torch"])
+def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> None:
+    pytest.importorskip("horovod.torch" if backend == "horovod" else "torch")
+    from pace.compiler import compile_trace
+    from pace.io import save_schedule
+    from pace.ir import CommModel
+
+    trace = bench_netns.profile_trace(2, tmp_path / "vgg.trace.json.gz")
+    sched = tmp_path / "vgg.schedule.json"
+    comm = CommModel(workers=2, alpha_us=500.0, beta_us_per_byte=8e-3)
+    save_schedule(compile_trace(dataclasses.replace(trace, comm=comm)).schedule, sched)
+    out = tmp_path / "periods.json"
+    argv = ["--role", "train", "--backend", backend, "--schedule", str(sched)]
+    argv += ["--batch", "2", "--blocks", "2", "--steps", "2", "--out", str(out)]
+    argv += ["--variants", "vanilla,online,pace,local"]
+    with throttled_link() as link:
+        set_rate(link, "1gbit")
+        launch(link, backend, argv, bench_netns.PACE_HOROVOD_ENV)
+    periods = json.loads(out.read_text())
+    assert set(periods) == {"vanilla", "online", "pace", "local"}
+    assert all(len(v) == 4 and all(p > 0 for p in v) for v in periods.values())
