@@ -413,4 +413,4 @@ def render_png(timeline: Timeline, path: str | Path, *, width_in: float = 14.0) 
     colourbar = fig.colorbar(mappable, ax=axes[:, 0].tolist(), fraction=0.03, pad=0.01)
     colourbar.set_label("comm unit: layer it feeds\n(0 = input side, needed first)", fontsize=9)
     fig.suptitle(f"{timeline.model}: compute and communication", x=0.01, ha="left")
-    fig.savefig(str(path), dpi=110)
+    fig.savefig(str(path), dpi=110, format="png")  # whatever the suffix of path

@@ -28,6 +28,7 @@ _COMMANDS: tuple[str, ...] = (
     "pace.cli.validate_cmd",
     "pace.cli.profile_cmd",
     "pace.cli.recompile_cmd",
+    "pace.cli.timeline_cmd",
 )
 
 
