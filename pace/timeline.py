@@ -3,8 +3,8 @@
 Entry: :func:`build_timeline` (``trace, runs -> Timeline``), where ``runs`` maps a label to a
 :class:`pace.sim.SimResult` replayed on ``trace``. :func:`to_chrome` turns the timeline into a
 Trace Event Format object (load it in https://ui.perfetto.dev or ``chrome://tracing``) and
-:func:`render_png` draws it with matplotlib (the ``plot`` extra), one panel per run on a shared
-time axis.
+:func:`render_png` draws it with matplotlib (the ``plot`` extra; :func:`figure` returns the
+Figure), one panel per run on a shared time axis.
 
 The replay semantics run ops in parallel without limit and, with ``credit > 1``, several units
 at once, so each run's bars are packed into as many lanes as overlap needs (greedy interval
@@ -258,9 +258,7 @@ def to_chrome(timeline: Timeline) -> dict[str, Any]:
     """
     events: list[dict[str, Any]] = []
     for pid, run in enumerate(timeline.runs, start=1):
-        events.append(
-            _meta("process_name", pid, 0, name=f"{run.label} ({run.policy}): {_ms(run)} ms")
-        )
+        events.append(_meta("process_name", pid, 0, name=f"{_run_name(run)}: {_ms(run)} ms"))
         events.append(_meta("process_sort_index", pid, 0, sort_index=pid))
         for lane in range(run.compute_lanes):
             tid = _tid(run, "compute", lane)
@@ -315,6 +313,10 @@ def _meta(what: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:
     return {"name": what, "ph": "M", "pid": pid, "tid": tid, "args": args}
 
 
+def _run_name(run: RunTimeline) -> str:
+    return run.label if run.label == run.policy else f"{run.label} ({run.policy})"
+
+
 def _ms(run: RunTimeline) -> str:
     return f"{run.iteration_us / 1e3:.3f}"
 
@@ -332,12 +334,23 @@ _COMM_CMAP = "viridis"
 
 
 def render_png(timeline: Timeline, path: str | Path, *, width_in: float = 14.0) -> None:
-    """Draw the timeline as a Gantt chart: one panel per run, sharing the time axis.
+    """Write :func:`figure` of ``timeline`` to ``path`` as a PNG (whatever its suffix).
+
+    Raises ``ImportError`` naming the extra if matplotlib is missing, ``OSError`` if ``path``
+    cannot be written.
+    """
+    fig = figure(timeline, width_in=width_in)
+    fig.savefig(str(path), dpi=110, format="png")
+
+
+def figure(timeline: Timeline, *, width_in: float = 14.0) -> Any:
+    """The Gantt chart as a matplotlib ``Figure`` (Agg canvas): one panel per run, sharing the
+    time axis; the last axes is the colour bar.
 
     Compute lanes on top (coloured by phase), communication lanes below (coloured by the depth
     of the layer each unit feeds), a dashed line at each run's iteration time, which the panel
     title also gives. Needs matplotlib (``pip install 'pace[plot]'``): raises ``ImportError``
-    saying so; ``OSError`` if ``path`` cannot be written.
+    saying so.
     """
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -396,7 +409,7 @@ def render_png(timeline: Timeline, path: str | Path, *, width_in: float = 14.0) 
             [_lane_name(run, kind, lane) for kind, lane in rows],
         )
         ax.set_ylim(-0.7, n_lanes - 0.3)
-        title = f"{run.label} ({run.policy}): iteration {run.iteration_us / scale:.4g} {unit}"
+        title = f"{_run_name(run)}: iteration {run.iteration_us / scale:.4g} {unit}"
         if run is not reference and run.iteration_us > 0:
             title += f"   {reference.iteration_us / run.iteration_us:.3f}x vs {reference.label}"
         ax.set_title(title, loc="left", fontsize=11)
@@ -413,4 +426,4 @@ def render_png(timeline: Timeline, path: str | Path, *, width_in: float = 14.0) 
     colourbar = fig.colorbar(mappable, ax=axes[:, 0].tolist(), fraction=0.03, pad=0.01)
     colourbar.set_label("comm unit: layer it feeds\n(0 = input side, needed first)", fontsize=9)
     fig.suptitle(f"{timeline.model}: compute and communication", x=0.01, ha="left")
-    fig.savefig(str(path), dpi=110, format="png")  # whatever the suffix of path
+    return fig

@@ -90,16 +90,18 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(str(exc), where="--format") from None
     except OSError as exc:
         raise InputError(f"cannot write: {exc.strerror or exc}", where=str(out)) from None
-    summary = {
-        label: {
+    # A list, not an object: print_json sorts keys, and the order is the panel order.
+    summary = [
+        {
+            "label": r.label,
             "policy": r.policy,
             "iteration_us": r.iteration_us,
             "compute_lanes": r.compute_lanes,
             "comm_lanes": r.comm_lanes,
             "units": sum(1 for b in r.bars if b.kind == "comm"),
         }
-        for label, r in zip(runs, timeline.runs, strict=True)
-    }
+        for r in timeline.runs
+    ]
     if args.json:
         print_json({"trace": str(args.trace), "output": str(out), "format": fmt, "runs": summary})
         return 0
@@ -112,10 +114,10 @@ def run(args: argparse.Namespace) -> int:
                 r.label,
                 r.iteration_us,
                 f"{first / r.iteration_us:.3f}x" if r.iteration_us > 0 else "-",
-                summary[r.label]["units"],
+                s["units"],
                 f"{r.compute_lanes}+{r.comm_lanes}",
             ]
-            for r in timeline.runs
+            for r, s in zip(timeline.runs, summary, strict=True)
         ],
     )
     return 0
