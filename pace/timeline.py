@@ -401,7 +401,7 @@ def figure(timeline: Timeline, *, width_in: float = 14.0) -> Any:
                     (y - 0.4, 0.8),
                     facecolors=colours,
                     edgecolors="white",
-                    linewidths=0.3,
+                    linewidths=0.15,
                 )
         ax.axvline(run.iteration_us / scale, color="#D62728", linestyle="--", linewidth=1.2)
         ax.set_yticks(
