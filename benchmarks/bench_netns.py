@@ -384,7 +384,9 @@ def fit_link(link: Link, backend: str, trace: Any, tmp: Path, reps: int) -> Any:
     from pace.profiler.comm import fit_comm, sizes_covering
 
     sizes = sizes_covering([t.size_bytes for t in trace.tensors], points=8)
-    sizes = sorted(set(sizes) | {4 * 2**20, 16 * 2**20})  # the online mode's pieces too
+    # Also the online mode's 4 MiB pieces, and fused buffers as large as DDP's 25 MiB buckets:
+    # the per-byte cost is what decides a bandwidth-bound iteration.
+    sizes = sorted(set(sizes) | {4 * 2**20, 16 * 2**20, 32 * 2**20})
     out = tmp / f"comm-{backend}.json"
     argv = ["--role", "comm", "--backend", backend, "--out", str(out)]
     argv += ["--sizes", ",".join(map(str, sizes)), "--reps", str(reps)]
@@ -563,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32, help="images per rank per iteration")
     ap.add_argument("--blocks", type=int, default=6, help="blocks per variant (alternating)")
     ap.add_argument("--steps", type=int, default=5, help="measured iterations per block")
-    ap.add_argument("--reps", dest="comm_reps", type=int, default=5, help="reps per comm size")
+    ap.add_argument("--reps", dest="comm_reps", type=int, default=9, help="reps per comm size")
     ap.add_argument("--trace", help="use this trace of pace:vgg-cifar instead of profiling")
     ap.add_argument("--markdown", action="store_true", help="print the final table as markdown")
     args, rest = ap.parse_known_args(argv)
