@@ -509,3 +509,58 @@ def test_schedule_switch_at_a_boundary_and_monitor_events() -> None:
         opt.switch_schedule(renamed)  # type: ignore[attr-defined]
     assert opt.pace_plan.units[0].pieces[0].param == 4  # type: ignore[attr-defined]
     opt.close()  # type: ignore[attr-defined]
+
+
+class _CountingBackend:
+    """One rank; records how many collectives are in flight at once (started, not waited)."""
+
+    name = "counting"
+    rank = 0
+    size = 1
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most = 0
+        self._lock = threading.Lock()
+
+    def start(self, buf: Any, name: str) -> Any:
+        with self._lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        return name
+
+    def wait(self, handle: Any, timeout_s: float) -> None:
+        time.sleep(0.01)  # a collective that takes a while: room for others to start
+        with self._lock:
+            self.in_flight -= 1
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("schedule", "knobs", "most"),
+    [
+        (True, {}, 1),  # a replay follows the schedule's contract: one unit at a time
+        (True, {"credit_bytes": 1 << 30}, 2),  # a window is still available on request
+        (False, {}, 2),  # online: ByteScheduler's credit window
+    ],
+)
+def test_replay_sends_one_unit_at_a_time_unless_given_a_window(
+    monkeypatch: pytest.MonkeyPatch, schedule: bool, knobs: dict[str, Any], most: int
+) -> None:
+    backend = _CountingBackend()
+    monkeypatch.setattr(runtime_optimizer, "make_backend", lambda _name: backend)
+    model = net()
+    opt = pace.runtime.wrap(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model,
+        schedule_for(model) if schedule else None,
+        backend="torch",
+        partition_bytes=64,  # online: many small pieces
+        **knobs,
+    )
+    train(model, opt, steps=3)
+    opt.synchronize()  # type: ignore[attr-defined]
+    opt.close()  # type: ignore[attr-defined]
+    assert backend.most == most if most == 1 else backend.most >= most

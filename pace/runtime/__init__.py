@@ -16,7 +16,13 @@ Horovod only when the Horovod backend is used.
 
 from __future__ import annotations
 
-from pace.runtime.optimizer import PaceOptimizer, RuntimeOptions, wrap, wrapped_params
+from pace.runtime.optimizer import (
+    ONLINE_CREDIT_BYTES,
+    PaceOptimizer,
+    RuntimeOptions,
+    wrap,
+    wrapped_params,
+)
 from pace.runtime.plan import (
     ParamInfo,
     Piece,
@@ -28,6 +34,7 @@ from pace.runtime.plan import (
 )
 
 __all__ = [
+    "ONLINE_CREDIT_BYTES",
     "PaceOptimizer",
     "ParamInfo",
     "Piece",

@@ -50,25 +50,39 @@ BackendName = Literal["horovod", "torch"]
 _OWN_METHODS = ("step", "zero_grad", "synchronize", "state_dict", "load_state_dict", "close")
 
 
+# ByteScheduler's default credit for the online mode (its partition size is
+# ``RuntimeOptions.partition_bytes``).
+ONLINE_CREDIT_BYTES = 16 * 2**20
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RuntimeOptions:
     """Knobs of the replay runtime.
 
     ``credit_bytes``: bytes of collectives allowed in flight (one unit always may go).
+    ``None`` (default): replaying a schedule, one unit at a time, which is the schedule's replay
+    contract (DESIGN.md: one channel, smallest priority first; ``predicted_iteration_us`` is
+    computed that way); in the online mode ``ONLINE_CREDIT_BYTES``, ByteScheduler's window. A
+    larger window for a replay lets a later unit share the link with an earlier one (gloo runs
+    collectives concurrently on its worker threads), delaying the unit the schedule put first.
     ``partition_bytes``: online mode (no schedule) only, ByteScheduler's partition size.
     ``timeout_s``: any wait on a collective or on an update longer than this is an error.
     ``inject_delay_s``: testing only; sleep a random ``[0, inject_delay_s)`` in every gradient
     hook, before every issue and before every completion (seeded by ``seed`` and the rank).
     """
 
-    credit_bytes: int = 16 * 2**20
+    credit_bytes: int | None = None
     partition_bytes: int = 4 * 2**20
     timeout_s: float = 300.0
     inject_delay_s: float = 0.0
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.credit_bytes, int) and self.credit_bytes > 0):
+        if self.credit_bytes is not None and not (
+            isinstance(self.credit_bytes, int)
+            and not isinstance(self.credit_bytes, bool)
+            and self.credit_bytes > 0
+        ):
             raise InputError(
                 f"must be an integer > 0, got {self.credit_bytes!r}", where="credit_bytes"
             )
@@ -80,6 +94,13 @@ class RuntimeOptions:
             raise InputError(f"must be > 0, got {self.timeout_s!r}", where="timeout_s")
         if not self.inject_delay_s >= 0:
             raise InputError(f"must be >= 0, got {self.inject_delay_s!r}", where="inject_delay_s")
+
+
+def _credit_bytes(options: RuntimeOptions, mode: str) -> int:
+    if options.credit_bytes is not None:
+        return options.credit_bytes
+    # 1 byte: a unit may start only when nothing is in flight (one unit always may go).
+    return ONLINE_CREDIT_BYTES if mode == "online" else 1
 
 
 class PaceOptimizer(torch.optim.Optimizer):
@@ -338,7 +359,7 @@ def wrap(
         mode=mode,
         updater=update,
         on_iteration_start=iteration_start,
-        credit_bytes=options.credit_bytes,
+        credit_bytes=_credit_bytes(options, mode),
         timeout_s=options.timeout_s,
         inject_delay_s=options.inject_delay_s,
         seed=options.seed,
