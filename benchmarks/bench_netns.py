@@ -1,8 +1,8 @@
 """Measured speed-up on a throttled link: two network namespaces, one training process in each.
 
-    sudo python benchmarks/bench_netns.py [--rates 1gbit,2gbit] [--backends horovod,torch]
+    python benchmarks/bench_netns.py [--rates 500mbit,1gbit,2gbit] [--backends horovod,torch]
 
-(root is needed for ``ip netns`` and ``tc``; run as root, no sudo, where the shell is root.)
+(as root: `ip netns` and `tc` need it; add --markdown for the table of docs/results.md)
 
 The script makes two network namespaces joined by a veth pair, limits each direction of the
 pair with a ``tc`` token-bucket filter, and removes all of it on exit (also on Ctrl-C or an
@@ -278,14 +278,21 @@ def worker_comm(args: argparse.Namespace) -> None:
     for size in sizes * 2:  # warm up every size first: connections, buffers, TCP windows
         allreduce(bufs[size], f"ar.{size}")
     times: dict[int, list[float]] = {size: [] for size in sizes}
+    cpu: dict[int, list[float]] = {size: [] for size in sizes}
     for rep in range(args.comm_reps):
         # Sizes interleaved within each repetition, so slow drift of the machine hits all.
         for size in sizes:
             allreduce(torch.zeros(1), f"bar.{size}.{rep}")  # start together
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             allreduce(bufs[size], f"ar.{size}")
+            # CPU of this process (all its threads, user + kernel) while the bytes moved:
+            # on a machine whose cores also compute, what an overlapped all-reduce takes from it.
+            cpu[size].append(time.process_time() - c0)
             times[size].append(slowest(time.perf_counter() - t0, f"t.{size}.{rep}"))
-    samples = [[bufs[s].numel() * 4, statistics.median(times[s]) * 1e6] for s in sizes]
+    samples = [
+        [bufs[s].numel() * 4, statistics.median(times[s]) * 1e6, statistics.median(cpu[s]) * 1e6]
+        for s in sizes
+    ]
     if rank == 0:
         Path(args.out).write_text(json.dumps(samples))
 
@@ -394,8 +401,14 @@ def fit_link(link: Link, backend: str, trace: Any, tmp: Path, reps: int) -> Any:
     argv = ["--role", "comm", "--backend", backend, "--out", str(out)]
     argv += ["--sizes", ",".join(map(str, sizes)), "--reps", str(reps)]
     launch(link, backend, argv, PACE_HOROVOD_ENV if backend == "horovod" else None)
-    samples = [(int(b), float(u)) for b, u in json.loads(out.read_text())]
+    rows = json.loads(out.read_text())
+    samples = [(int(b), float(u)) for b, u, _ in rows]
     _say("    all-reduce samples (bytes: us): " + ", ".join(f"{b}: {u:.0f}" for b, u in samples))
+    big = max(rows, key=lambda r: r[0])
+    _say(
+        f"    CPU of rank 0 while all-reducing {big[0] / 2**20:.0f} MiB: {big[2] / 1e3:.0f} ms "
+        f"in {big[1] / 1e3:.0f} ms ({big[2] / big[0] * 2**20 / 1e3:.2f} ms per MiB)"
+    )
     return fit_absolute(samples)
 
 
@@ -499,7 +512,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     adj = predictions_ms(trace, result.schedule, backend, compute_scale=scale)
                     _say(f"    compute in the run / in the profile: {scale:.3f}")
                     for variant, periods in measured.items():
-                        q = statistics.quantiles(periods, n=4)
+                        q = statistics.quantiles(periods, n=4) if len(periods) > 1 else [0, 0, 0]
                         rows.append(
                             Row(
                                 rate=rate,
@@ -588,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--variants", help=argparse.SUPPRESS)
     ap.add_argument("--schedule", help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="horovod", help=argparse.SUPPRESS)
-    ap.add_argument("--rates", default="1gbit,2gbit", help="tc rates, comma-separated")
+    ap.add_argument("--rates", default="500mbit,1gbit,2gbit", help="tc rates, comma-separated")
     ap.add_argument("--backends", default="horovod,torch", help="horovod and/or torch")
     ap.add_argument("--batch", type=int, default=32, help="images per rank per iteration")
     ap.add_argument("--blocks", type=int, default=6, help="blocks per variant (alternating)")
