@@ -477,7 +477,7 @@ def predictions_ms(
 
 def measure(args: argparse.Namespace) -> list[Row]:
     from pace.compiler import compile_trace
-    from pace.io import load_trace, save_schedule
+    from pace.io import load_trace, save_schedule, save_trace
 
     tmp = Path(tempfile.mkdtemp(prefix="pace-netns-"))
     try:
@@ -503,6 +503,11 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     result = compile_trace(trace)
                     sched_path = tmp / f"{rate}-{backend}.schedule.json"
                     save_schedule(result.schedule, sched_path)
+                    if args.keep:  # the trace with the link's fit, and its schedule, to inspect
+                        keep = Path(args.keep)
+                        keep.mkdir(parents=True, exist_ok=True)
+                        save_trace(trace, keep / f"{rate}-{backend}.trace.json.gz")
+                        shutil.copy(sched_path, keep / sched_path.name)
                     pred = predictions_ms(trace, result.schedule, backend)
                     measured = _train(link, backend, sched_path, tmp, args)
                     # Two ranks, their comm threads and Horovod's background loop share 2 cores:
@@ -608,6 +613,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="measured iterations per block")
     ap.add_argument("--reps", dest="comm_reps", type=int, default=9, help="reps per comm size")
     ap.add_argument("--trace", help="use this trace of pace:vgg-cifar instead of profiling")
+    ap.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="write each rate's trace (with the fitted link) and compiled schedule to DIR, "
+        "e.g. for `pace timeline DIR/1gbit-torch.trace.json.gz --schedule ...`",
+    )
     ap.add_argument("--markdown", action="store_true", help="print the final table as markdown")
     args, rest = ap.parse_known_args(argv)
     if args.role == "hvd-driver":
