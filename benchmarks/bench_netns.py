@@ -164,7 +164,7 @@ def launch(
         # in rank 0's namespace runs it (what horovodrun does, without ssh).
         cmd = ["ip", "netns", "exec", link.ns[0], sys.executable, __file__, "--role", "hvd-driver"]
         cmd += ["--link", json.dumps([link.ns, link.dev, link.ip]), "--", *argv]
-        _run(cmd, env)
+        _wait_all([subprocess.Popen(cmd, env=env)])
         return
     procs = []
     for r in (0, 1):
@@ -177,10 +177,6 @@ def launch(
         }
         procs.append(subprocess.Popen(_rank_cmd(link, r, argv), env=renv))
     _wait_all(procs)
-
-
-def _run(cmd: list[str], env: dict[str, str]) -> None:
-    _wait_all([subprocess.Popen(cmd, env=env)])
 
 
 def _wait_all(procs: list[subprocess.Popen[bytes]]) -> None:
