@@ -16,7 +16,16 @@ if [[ $# -ne 1 ]]; then
     echo "usage: $0 PYTHON" >&2
     exit 2
 fi
-PYTHON=$1
+# The script cds into the unpacked sdist to build, so every path it uses must be absolute. A name
+# without a slash is looked up on PATH; a path is made absolute without resolving symlinks (a
+# venv's bin/python is a symlink to the base interpreter, and resolving it would leave the venv).
+if [[ $1 == */* ]]; then
+    PYTHON=$(cd "$(dirname "$1")" 2>/dev/null && pwd)/$(basename "$1") \
+        || { echo "install_horovod: error: no directory $(dirname "$1")" >&2; exit 2; }
+else
+    PYTHON=$(command -v "$1") || { echo "install_horovod: error: $1 not found on PATH" >&2; exit 2; }
+fi
+[[ -x $PYTHON ]] || { echo "install_horovod: error: $PYTHON is not an executable" >&2; exit 2; }
 
 log() { echo "install_horovod: $*" >&2; }
 die() { echo "install_horovod: error: $*" >&2; exit 1; }
@@ -34,7 +43,9 @@ TORCH_VERSION=$("$PYTHON" -c "import torch; print(torch.__version__)")
 PY_TAG=$("$PYTHON" -c "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')")
 # '+' (local version, e.g. 2.14.1+cu130) is not welcome in directory names used by pip.
 TORCH_KEY=$(printf '%s' "$TORCH_VERSION" | tr -c 'A-Za-z0-9.\n' '_')
-CACHE_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/pace/wheels
+# PACE_WHEEL_CACHE overrides the cache directory (CI points it at an empty temporary directory so
+# that every run builds from the sdist, as on a new machine).
+CACHE_ROOT=${PACE_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pace/wheels}
 CACHE_DIR=$CACHE_ROOT/horovod-$HOROVOD_VERSION-torch$TORCH_KEY-$PY_TAG
 
 install_wheel() {
@@ -70,7 +81,7 @@ command -v cmake >/dev/null 2>&1 || die "cmake still not on PATH"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/pace-horovod-build.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
-log "building horovod $HOROVOD_VERSION for torch $TORCH_VERSION ($PY_TAG) in $WORK (~8 min on 2 cores)"
+log "no cached wheel in $CACHE_DIR: building horovod $HOROVOD_VERSION from the sdist for torch $TORCH_VERSION ($PY_TAG) in $WORK (~8 min on 2 cores)"
 
 "$PYTHON" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$WORK" \
     || die "could not download the horovod $HOROVOD_VERSION sdist"
