@@ -7,9 +7,9 @@ biases/norm parameters; ring all-reduce at 10 Gbps for 8 workers; ``--shrink K``
 tensor size by K, so the per-call latency weighs more against the bytes), all in this one process
 and on the same trace object: pace with the default fusion search, pace with PACE Alg. 1
 (``--fusion paper``), pace without fusion (``--no-fusion``), and the simulator's baselines
-(Horovod, DDP, FIFO/WFBP, ByteScheduler). Every number is the simulator's replay (DESIGN.md
-semantics), in microseconds; the last table is the geometric-mean speed-up of pace (search) over
-each column.
+(Horovod, DDP, FIFO/WFBP, ByteScheduler). Every number is the simulator's replay
+(docs/schedule-format.md semantics), in microseconds; the last table is the geometric-mean
+speed-up of pace (search) over each column.
 """
 
 from __future__ import annotations

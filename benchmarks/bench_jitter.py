@@ -24,7 +24,8 @@ Cases: the shipped traces at ``--speedups`` x faster compute on a 10 Gbps ring o
 (``pace.compiler.apply_what_if``), and random traces ``random_trace(seed=s, n_layers=20,
 tensors_per_layer=(1, 3), alpha_us=30)`` with compute scaled to 1.5x communication
 (``pace.drift.scenario.balance_compute``; seed 4 is the fragile trace of ``docs/drift.md``).
-Times in ms (simulator replay, DESIGN.md semantics). The jitter is on computation only.
+Times in ms (simulator replay, docs/schedule-format.md semantics). The jitter is on computation
+only.
 """
 
 from __future__ import annotations

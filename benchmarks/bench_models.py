@@ -9,9 +9,10 @@ iterations take seconds, which hides any communication, so every policy ties the
 ``X`` times faster (``--compute-speedup X``: same DAG, same relative op costs, same gradient
 sizes) on a ring of ``--workers`` workers at each bandwidth. For every case, in this one process
 and on the same trace object: pace (default fusion search), pace with PACE Alg. 1 fusion, pace
-without fusion, and every simulator baseline. All numbers are simulator replays (DESIGN.md
-semantics) in milliseconds; ``vs horovod`` / ``vs best`` are Horovod's / the best baseline's
-time over pace's (``bytescheduler-tuned`` is a grid search over its knobs on this very trace).
+without fusion, and every simulator baseline. All numbers are simulator replays
+(docs/schedule-format.md semantics) in milliseconds; ``vs horovod`` / ``vs best`` are Horovod's /
+the best baseline's time over pace's (``bytescheduler-tuned`` is a grid search over its knobs on
+this very trace).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ cost becomes the ring model of PACE Eqn. 1 at that bandwidth and worker count (p
 per-call latency: ``pace.compiler.apply_what_if`` / ``pace.cost.what_if``), pace compiles it
 afresh (``pace.compiler.compile_trace``, the default pipeline: the comm model changed, so does the
 schedule) and every simulator baseline is replayed on the same trace object, with the lower bound.
-All times are simulator replays (DESIGN.md semantics).
+All times are simulator replays (docs/schedule-format.md semantics).
 
 Compute scale (``--compute-speedup``): the traces were profiled on one CPU core, where an iteration
 takes seconds and any all-reduce hides. ``calibrated`` divides each trace's op durations so that

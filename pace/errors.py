@@ -1,6 +1,6 @@
 """The exception tree of pace.
 
-Each exception maps to one outcome the CLI reports (exit codes in DESIGN.md):
+Each exception maps to one outcome the CLI reports (exit codes in docs/design.md):
 bad input -> exit 2 with one line naming the file and the field; anything else is a bug (exit 1).
 """
 

@@ -4,8 +4,9 @@ A trace is a chain of ``n_layers`` layers. Each layer has one backward op (produ
 layer's gradient tensors) and one forward op (consuming them); ``ops_per_layer`` > 2 adds extra
 computation ops per layer (activation, norm, ...) that carry no gradient. Optional skip edges make
 the graph a real DAG (residual connections). The window is the backward pass of iteration k
-(layers L..1) followed by the forward pass of iteration k+1 (layers 1..L), as in DESIGN.md, so the
-Lemma-1 rule (no producer depends on a consumer) holds by construction.
+(layers L..1) followed by the forward pass of iteration k+1 (layers 1..L), as in
+docs/trace-format.md, so the Lemma-1 rule (no producer depends on a consumer) holds by
+construction.
 """
 
 from __future__ import annotations

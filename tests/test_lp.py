@@ -30,7 +30,7 @@ from pace.lp.model import SlotInstance
 from pace.sim import simulate
 from pace.verify import verify_schedule
 
-# A copy of the shared worked example (tests must not depend on files outside the repo).
+# The worked example of docs/design.md (tests must not depend on files outside the repo).
 EXAMPLES = Path(__file__).resolve().parent / "data"
 
 

@@ -47,7 +47,7 @@ def chain_trace(
 
 
 def tiny() -> Trace:
-    """shared/examples/tiny.trace.json."""
+    """tests/data/tiny.trace.json (the worked example of docs/design.md)."""
     return chain_trace(
         [
             ("bw.layer2", "backward", 10),
@@ -66,7 +66,7 @@ def sl(tensor: str, offset: int, size: int) -> Slice:
     return Slice(tensor=tensor, offset_bytes=offset, size_bytes=size)
 
 
-# The units of shared/examples/tiny.schedule.json (the optimal preemptive schedule).
+# The units of tests/data/tiny.schedule.json (the optimal preemptive schedule).
 TINY_OPTIMAL_UNITS = (
     Unit(priority=10, slices=(sl("layer2.weight", 0, 10),)),
     Unit(priority=20, slices=(sl("layer1.weight", 0, 4),)),

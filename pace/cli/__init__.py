@@ -5,7 +5,7 @@ Each subcommand lives in its own module of this package and exposes
 ``(args) -> int``. Handlers only parse, call one stage entry function and print; library code
 never prints or exits.
 
-Exit codes (DESIGN.md): 0 ok; 2 bad input or usage, one line on stderr naming file and field;
+Exit codes (docs/design.md): 0 ok; 2 bad input or usage, one line on stderr naming file and field;
 1 a bug (traceback kept, since that is what a bug report needs).
 """
 

@@ -1,9 +1,9 @@
 """``pace profile`` (real iterations -> trace) and ``pace profile-comm`` (all-reduce cost).
 
 ``pace profile --model torchvision:resnet50 --batch-size 32 --iters 5 -o traces/r50.json.gz``
-runs real training iterations and writes the trace window of DESIGN.md; the all-reduce cost model
-it embeds is a measured one (``--comm comm.json``) or a ring what-if (``--workers``,
-``--bandwidth-gbps``; default 8 workers, 10 Gbps).
+runs real training iterations and writes the trace window of docs/trace-format.md; the
+all-reduce cost model it embeds is a measured one (``--comm comm.json``) or a ring what-if
+(``--workers``, ``--bandwidth-gbps``; default 8 workers, 10 Gbps).
 
 ``pace profile-comm --backend gloo --workers 2 -o comm.json`` launches real worker processes,
 times all-reduce over a size sweep and fits ``alpha + beta * bytes``.

@@ -215,7 +215,7 @@ def align_to_elements(units: Sequence[Unit], timing: TensorTiming) -> tuple[Unit
 
 
 def replay_us(red: Reduction, comm: CommModel, units: Sequence[Unit]) -> float:
-    """Iteration time of ``units`` under the replay semantics of DESIGN.md.
+    """Iteration time of ``units`` under the replay semantics of docs/schedule-format.md.
 
     The channel's behaviour depends only on when tensors are produced, which by Lemma 1 does not
     depend on communication; so the replay is a priority list schedule of the units, and the

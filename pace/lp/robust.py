@@ -150,8 +150,9 @@ def _compute(trace: Trace, *, samples: int, sd: float, seed: int) -> JitterWorld
 def jittered_replays_us(
     worlds: JitterWorlds, comm: CommModel, units: Sequence[Unit]
 ) -> list[float]:
-    """The replay (DESIGN.md semantics) of ``units`` in every world, as ``replay_us`` computes it:
-    a priority list schedule of the units (Lemma 1), then Theorem 1 with each tensor's tail."""
+    """The replay (docs/schedule-format.md semantics) of ``units`` in every world, as
+    ``replay_us`` computes it: a priority list schedule of the units (Lemma 1), then Theorem 1
+    with each tensor's tail."""
     n = len(units)
     members = [[worlds.index[s.tensor] for s in unit.slices] for unit in units]
     cost = [comm.alpha_us + comm.beta_us_per_byte * unit.size_bytes for unit in units]

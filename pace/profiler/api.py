@@ -49,8 +49,9 @@ def profile(
     ``step_fn(model)`` runs the forward pass and returns the scalar loss; the profiler runs
     ``loss.backward()`` itself (that is how it finds the backward pass) and then
     ``optimizer.step()`` if an optimizer is given (its time goes to ``meta["optimizer_us"]``:
-    the window of DESIGN.md holds forward and backward ops only). Gradients are reset to ``None``
-    before every iteration. Durations are per-op medians over the measured iterations.
+    the window of docs/trace-format.md holds forward and backward ops only). Gradients are reset
+    to ``None`` before every iteration. Durations are per-op medians over the measured
+    iterations.
 
     ``threads`` sets ``torch.set_num_threads`` for the run (1 by default: stable CPU timings on a
     shared machine; ``None`` leaves it alone). ``timing="span"`` gives each op the wall time up to

@@ -105,7 +105,7 @@ def build_window(
     subtract_bookkeeping: bool = True,
     meta: Mapping[str, Any] | None = None,
 ) -> Trace:
-    """The trace window of DESIGN.md from recorded steady-state iterations (medians)."""
+    """The trace window of docs/trace-format.md from recorded steady-state iterations (medians)."""
     recs = select_steady(records)
     ref = recs[-1]
 

@@ -1,7 +1,8 @@
 """Discrete-event simulator of one training iteration window, and the baseline policies.
 
 Public entry: :func:`simulate` (``trace, policy, *, options -> SimResult``). The default mode is
-the replay semantics of DESIGN.md, which defines a schedule's ``predicted_iteration_us``.
+the replay semantics of docs/schedule-format.md, which defines a schedule's
+``predicted_iteration_us``.
 """
 
 from pace.sim.bounds import compute_critical_path_us, lower_bound_us

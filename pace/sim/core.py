@@ -1,12 +1,12 @@
 """The simulator's public entry: :func:`simulate`, its options, its result and policies.
 
-Default mode = the replay semantics of DESIGN.md (the meaning of a schedule's
+Default mode = the replay semantics of docs/schedule-format.md (the meaning of a schedule's
 ``predicted_iteration_us``): one channel that starts the ready unit with the smallest priority
 (ties in file order) whenever it is free; a unit is ready when every tensor it carries has been
 produced and costs ``alpha_us + beta_us_per_byte * bytes``; a tensor is done when all its slices
 are; each op starts when its deps and consumed tensors are done, with unlimited parallel ops.
 
-Example (the worked example of DESIGN.md: FIFO finishes at 44 us):
+Example (docs/design.md's worked example, tests/data/tiny.trace.json: FIFO finishes at 44 us):
 
 >>> from pace.ir import CommModel, Op, Tensor, Trace
 >>> trace = Trace(
