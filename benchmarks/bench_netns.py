@@ -29,8 +29,10 @@ Per rate, per backend:
 Variants: ``vanilla`` (``hvd.DistributedOptimizer`` with Horovod's defaults; for torch: DDP),
 ``vanilla-nofusion`` (Horovod only: the same, fusion and cache off), ``online`` (the runtime's
 ByteScheduler mode: layer priority, 4 MiB partitions, 16 MiB credit), ``pace`` (the runtime
-replaying the compiled schedule), ``local`` (no communication: what compute alone costs while
-the other rank also runs).
+replaying the compiled schedule), ``pace-sync`` (the runtime's synchronous mode,
+``wrap(..., sync=True)`` with a schedule compiled by ``--mode sync``: ``backward()`` returns
+with every gradient reduced, as DDP's, the mode gradient clipping and ``GradScaler`` need),
+``local`` (no communication: what compute alone costs while the other rank also runs).
 """
 
 from __future__ import annotations
@@ -326,10 +328,12 @@ def worker_train(args: argparse.Namespace) -> None:
 
             ddp = DistributedDataParallel(model)
             return ddp, torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
-        schedule = args.schedule if kind == "pace" else None
+        schedule = {"pace": args.schedule, "pace-sync": args.sync_schedule}.get(kind)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return model, pace.runtime.wrap(opt, model, schedule, backend=args.backend)
+            return model, pace.runtime.wrap(
+                opt, model, schedule, backend=args.backend, sync=kind == "pace-sync"
+            )
 
     kinds = args.variants.split(",")
     runs = {k: make(k) for k in kinds}
@@ -342,7 +346,7 @@ def worker_train(args: argparse.Namespace) -> None:
             opt.zero_grad()
             functional.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
             opt.step()
-        if kind in ("online", "pace"):
+        if kind in ("online", "pace", "pace-sync"):
             opt.synchronize()  # drain before the next variant's block (vanilla's step() did)
         return [b - a for a, b in itertools.pairwise(starts)]
 
@@ -434,14 +438,14 @@ def fit_absolute(samples: Sequence[tuple[int, float]]) -> Any:
 
 
 def predictions_ms(
-    trace: Any, schedule: Any, backend: str, *, compute_scale: float = 1.0
+    trace: Any, schedule: Any, sync_schedule: Any, backend: str, *, compute_scale: float = 1.0
 ) -> dict[str, float]:
     """The simulator's replay of each variant, plus the optimizer step the profiler measured.
 
     ``compute_scale`` stretches every op and the optimizer step by that factor first (the
     schedule stays the one compiled from the profile).
     """
-    from pace.compiler import apply_what_if
+    from pace.compiler import apply_what_if, sync_trace
     from pace.runtime import ONLINE_CREDIT_BYTES, RuntimeOptions
     from pace.sim import SimOptions, compute_critical_path_us, schedule_policy, simulate
     from pace.sim.policies import bytescheduler
@@ -458,6 +462,7 @@ def predictions_ms(
     pred = {
         # The runtime replays a schedule one unit at a time: the contract's own semantics.
         "pace": simulate(trace, schedule_policy(schedule)).iteration_us,
+        "pace-sync": simulate(sync_trace(trace), schedule_policy(sync_schedule)).iteration_us,
         "online": simulate(trace, online, options=sharing).iteration_us,
         "local": compute_critical_path_us(trace),
     }
@@ -499,18 +504,22 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     result = compile_trace(trace)
                     sched_path = tmp / f"{rate}-{backend}.schedule.json"
                     save_schedule(result.schedule, sched_path)
+                    sync = compile_trace(trace, mode="sync", baselines=False).schedule
+                    save_schedule(sync, tmp / f"{rate}-{backend}.sync.schedule.json")
                     if args.keep:  # the trace with the link's fit, and its schedule, to inspect
                         keep = Path(args.keep)
                         keep.mkdir(parents=True, exist_ok=True)
                         save_trace(trace, keep / f"{rate}-{backend}.trace.json.gz")
                         shutil.copy(sched_path, keep / sched_path.name)
-                    pred = predictions_ms(trace, result.schedule, backend)
+                    pred = predictions_ms(trace, result.schedule, sync, backend)
                     measured = _train(link, backend, sched_path, tmp, args)
                     # Two ranks, their comm threads and Horovod's background loop share 2 cores:
                     # compute runs slower than in the profile. The `local` variant measures by
                     # how much; the adjusted prediction replays with compute stretched by that.
                     scale = statistics.median(measured["local"]) * 1e3 / pred["local"]
-                    adj = predictions_ms(trace, result.schedule, backend, compute_scale=scale)
+                    adj = predictions_ms(
+                        trace, result.schedule, sync, backend, compute_scale=scale
+                    )
                     _say(f"    compute in the run / in the profile: {scale:.3f}")
                     for variant, periods in measured.items():
                         q = statistics.quantiles(periods, n=4) if len(periods) > 1 else [0, 0, 0]
@@ -535,15 +544,16 @@ def _train(
     link: Link, backend: str, schedule: Path, tmp: Path, args: argparse.Namespace
 ) -> dict[str, list[float]]:
     common = ["--role", "train", "--backend", backend, "--schedule", str(schedule)]
+    common += ["--sync-schedule", str(schedule.with_suffix("").with_suffix(".sync.schedule.json"))]
     common += ["--batch", str(args.batch), "--blocks", str(args.blocks), "--steps", str(args.steps)]
     out: dict[str, list[float]] = {}
     if backend == "horovod":
         launches = [
             (["vanilla"], None),
-            (["vanilla-nofusion", "online", "pace", "local"], PACE_HOROVOD_ENV),
+            (["vanilla-nofusion", "online", "pace", "pace-sync", "local"], PACE_HOROVOD_ENV),
         ]
     else:
-        launches = [(["vanilla", "online", "pace", "local"], None)]
+        launches = [(["vanilla", "online", "pace", "pace-sync", "local"], None)]
     for variants, env in launches:
         path = tmp / f"train-{backend}.json"
         _say(f"  training {', '.join(variants)} ...")
@@ -601,6 +611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sizes", help=argparse.SUPPRESS)
     ap.add_argument("--variants", help=argparse.SUPPRESS)
     ap.add_argument("--schedule", help=argparse.SUPPRESS)
+    ap.add_argument("--sync-schedule", help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="horovod", help=argparse.SUPPRESS)
     ap.add_argument("--rates", default="500mbit,1gbit,2gbit", help="tc rates, comma-separated")
     ap.add_argument("--backends", default="horovod,torch", help="horovod and/or torch")

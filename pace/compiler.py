@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pace.errors import InputError, SolverError
-from pace.ir import FusionPlan, Schedule, Trace
+from pace.ir import SCHEDULE_MODES, FusionPlan, Schedule, ScheduleMode, Trace
 
 FUSION_METHODS: tuple[str, ...] = ("search", "paper", "none")
 SOLVERS: tuple[str, ...] = ("exact", "lp")
@@ -57,14 +57,18 @@ def apply_what_if(
     bandwidth_gbps: float | None = None,
     workers: int | None = None,
     compute_speedup: float | None = None,
+    mode: ScheduleMode = "overlap",
 ) -> Trace:
-    """``trace`` as it would be on another cluster.
+    """``trace`` as it would be on another cluster, or under another training loop.
 
     ``bandwidth_gbps`` / ``workers`` re-derive the all-reduce cost model (``pace.cost.what_if``).
     ``compute_speedup`` divides every op duration: a trace profiled on this CPU, replayed as if
     its computation ran ``compute_speedup`` times faster (an accelerator), with the same DAG,
     the same relative op costs and the same gradient sizes. CPU-profiled iterations take seconds,
     which hides any communication; this is how a CPU profile says something about a GPU cluster.
+    ``mode="sync"``: the loop of the runtime's synchronous mode (``wrap(..., sync=True)``, DDP's
+    contract), where ``backward()`` returns only once every gradient is reduced; see
+    ``sync_trace``.
 
     >>> from pace.synth import random_trace
     >>> t = random_trace(seed=1, n_layers=2)
@@ -85,12 +89,51 @@ def apply_what_if(
         )
         meta = {**trace.meta, "compute_speedup": compute_speedup}
         trace = dataclasses.replace(trace, ops=ops, meta=meta)
+    if mode not in SCHEDULE_MODES:
+        raise InputError(f"must be one of {', '.join(SCHEDULE_MODES)}, got {mode!r}", field="mode")
+    if mode == "sync":
+        trace = sync_trace(trace)
     if bandwidth_gbps is None and workers is None:
         return trace
     from pace.cost import what_if
 
     comm = what_if(trace.comm, bandwidth_gbps=bandwidth_gbps, workers=workers)
     return dataclasses.replace(trace, comm=comm)
+
+
+def sync_trace(trace: Trace) -> Trace:
+    """``trace`` for a loop whose next forward pass waits for every gradient's all-reduce.
+
+    The simulator's barrier (``SimOptions(barrier=True)``) as a trace: every forward op that the
+    barrier holds back (one that does not feed a producer) and that no other held-back op
+    precedes now consumes every tensor, so the whole compile pipeline (fusion, the exact
+    solver, the replay) optimises this loop unchanged. The op DAG is kept, so the trace digest
+    changes; a schedule records its ``mode`` and keeps the digest of the trace it was given.
+
+    >>> from pace.synth import random_trace
+    >>> from pace.sim import SimOptions, simulate
+    >>> t = random_trace(seed=3, n_layers=4)
+    >>> simulate(sync_trace(t), "fifo").iteration_us == simulate(
+    ...     t, "fifo", options=SimOptions(barrier=True)
+    ... ).iteration_us
+    True
+    """
+    from pace.sim.prepared import prepare
+
+    prep = prepare(trace)
+    gated = prep.gated
+    roots = tuple(
+        trace.ops[i].name
+        for i in range(len(trace.ops))
+        if gated[i] and not any(gated[j] for j in prep.deps[i])
+    )
+    if not roots:
+        return trace
+    tensors = tuple(
+        dataclasses.replace(t, consumers=tuple(dict.fromkeys((*t.consumers, *roots))))
+        for t in trace.tensors
+    )
+    return dataclasses.replace(trace, tensors=tensors, meta={**trace.meta, "mode": "sync"})
 
 
 def compile_trace(
@@ -101,6 +144,7 @@ def compile_trace(
     bandwidth_gbps: float | None = None,
     workers: int | None = None,
     compute_speedup: float | None = None,
+    mode: ScheduleMode = "overlap",
     baselines: bool = True,
     robust: bool | None = None,
     robust_tolerance: float | None = None,
@@ -114,6 +158,9 @@ def compile_trace(
     (``apply_what_if``). A compute what-if changes op durations, hence the trace digest: the
     schedule keeps the digest of the trace it was given (so it still matches that file and the
     model) and records ``meta["compute_speedup"]``, which ``pace validate`` re-applies.
+    ``mode="sync"`` compiles for the runtime's synchronous mode (``sync_trace``; the schedule
+    records its ``mode`` and the runtime refuses a mismatch); the baselines are replayed on the
+    same loop.
     ``robust`` (default ``pace.lp.ROBUST_DEFAULT``): among candidates nominally within a small
     tolerance of the best, pick the one with the best mean replay under timing jitter
     (``pace.lp.schedule``; ``docs/scheduling.md``, "Robustness to jitter");
@@ -145,7 +192,11 @@ def compile_trace(
     stages: dict[str, float] = {}
     warnings: list[str] = []
     compiled = apply_what_if(
-        trace, bandwidth_gbps=bandwidth_gbps, workers=workers, compute_speedup=compute_speedup
+        trace,
+        bandwidth_gbps=bandwidth_gbps,
+        workers=workers,
+        compute_speedup=compute_speedup,
+        mode=mode,
     )
 
     t = time.perf_counter()
@@ -174,13 +225,18 @@ def compile_trace(
                     f"{exact.predicted_iteration_us:.1f} us"
                 )
                 sched = exact
-    if compute_speedup is not None:
+    if compute_speedup is not None or mode != "overlap":
         from pace.io import trace_digest
 
         sched = dataclasses.replace(
             sched,
             trace_digest=trace_digest(trace),
-            meta={**sched.meta, "compute_speedup": compute_speedup},
+            mode=mode,
+            meta=(
+                {**sched.meta, "compute_speedup": compute_speedup}
+                if compute_speedup is not None
+                else sched.meta
+            ),
         )
     stages["schedule"] = time.perf_counter() - t
     # Compile time is the time to the schedule; the bound and the baselines are measurements.
@@ -208,6 +264,7 @@ def compile_trace(
                 bandwidth_gbps=bandwidth_gbps,
                 workers=workers,
                 compute_speedup=compute_speedup,
+                mode=mode,
                 baselines=False,
                 robust=False,
             )

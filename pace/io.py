@@ -1,4 +1,4 @@
-"""Reading and writing trace and schedule files (formats v1 of DESIGN.md).
+"""Reading and writing trace and schedule files (docs/trace-format.md, docs/schedule-format.md).
 
 Files are JSON, optionally gzip-compressed (``.json.gz``; a gzip file is recognised by its magic
 bytes or a ``.gz`` suffix). Parsing is strict: every problem raises ``InputError`` naming the file
@@ -34,7 +34,18 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from pace.errors import InputError
-from pace.ir import PHASES, CommModel, Op, Phase, Schedule, Slice, Tensor, Trace, Unit
+from pace.ir import (
+    PHASES,
+    SCHEDULE_MODES,
+    CommModel,
+    Op,
+    Phase,
+    Schedule,
+    Slice,
+    Tensor,
+    Trace,
+    Unit,
+)
 
 TRACE_FORMAT = "pace.trace"
 SCHEDULE_FORMAT = "pace.schedule"
@@ -476,7 +487,11 @@ def schedule_from_dict(obj: Any, *, where: str = "") -> Schedule:
     top = r.obj(obj, "(top level)")
     r.header(top, SCHEDULE_FORMAT, SUPPORTED_SCHEDULE_VERSIONS)
     meta = r.obj(top["meta"], "meta") if "meta" in top else {}
+    mode = top.get("mode", "overlap")
+    if mode not in SCHEDULE_MODES:
+        raise r.err("mode", f"must be one of {', '.join(SCHEDULE_MODES)}, got {_show(mode)}")
     return Schedule(
+        mode=mode,
         trace_digest=r.str_(r.req(top, "trace_digest", ""), "trace_digest"),
         cost_model=_comm_from(r, r.req(top, "cost_model", ""), "cost_model"),
         units=r.items(top, "units", "", lambda v, p: _unit_from(r, v, p)),
@@ -506,6 +521,9 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
             for u in schedule.units
         ],
     }
+    if schedule.mode != "overlap":
+        # Absent means "overlap": files written before the field existed keep their meaning.
+        out["mode"] = schedule.mode
     if schedule.meta:
         out["meta"] = dict(schedule.meta)
     return out

@@ -5,8 +5,9 @@
 earlier stage produced; a stage that wants a different trace builds a new one with
 ``dataclasses.replace``.
 
-Field names carry units (``_us``, ``_bytes``). The JSON keys of the contracts in DESIGN.md
-(``bytes``, ``offset``) are mapped to these names by ``pace.io`` only.
+Field names carry units (``_us``, ``_bytes``). The JSON keys of the file formats
+(docs/trace-format.md, docs/schedule-format.md: ``bytes``, ``offset``) are mapped to these names
+by ``pace.io`` only. Stages, import rules and contracts: docs/design.md.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ from typing import Any, Literal
 
 Phase = Literal["forward", "backward", "optimizer", "other"]
 PHASES: tuple[str, ...] = ("forward", "backward", "optimizer", "other")
+# How the training loop meets its gradients (docs/schedule-format.md, "mode"): "overlap" applies
+# each update as soon as its gradient is reduced, so the next forward overlaps communication;
+# "sync" returns from backward() with every gradient reduced (DDP's contract), so the next
+# forward waits for all of them.
+ScheduleMode = Literal["overlap", "sync"]
+SCHEDULE_MODES: tuple[str, ...] = ("overlap", "sync")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,6 +146,7 @@ class Schedule:
     cost_model: CommModel
     units: tuple[Unit, ...]
     predicted_iteration_us: float
+    mode: ScheduleMode = "overlap"
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def ordered_units(self) -> tuple[Unit, ...]:

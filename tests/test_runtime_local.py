@@ -269,7 +269,9 @@ def test_misuse_is_reported_not_silently_wrong() -> None:
         opt.step(lambda: 0.0)
 
 
-def test_unused_parameter_gets_a_zero_gradient_like_horovod() -> None:
+def test_unused_parameter_is_left_alone_like_ddp_find_unused_parameters() -> None:
+    """torch backend = DDP(find_unused_parameters=True): a parameter no rank used keeps
+    ``.grad`` None and the optimizer skips it (weight decay does not move it)."""
     model = net()
     opt = pace.runtime.wrap(
         torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.5),
@@ -278,10 +280,16 @@ def test_unused_parameter_gets_a_zero_gradient_like_horovod() -> None:
         backend="torch",
     )
     before = model.fc3.weight.detach().clone()
-    opt.step()  # no backward at all: every gradient is zero, weight decay still applies
+    opt.step()  # no backward at all: no parameter was used
     opt.synchronize()  # type: ignore[attr-defined]
-    assert torch.equal(model.fc3.weight.grad, torch.zeros_like(before))
-    assert torch.equal(model.fc3.weight.detach(), before.add(before.mul(0.5), alpha=-0.1))
+    assert model.fc3.weight.grad is None
+    assert torch.equal(model.fc3.weight.detach(), before)
+    # Used in the next iteration: reduced and updated as usual.
+    model(torch.randn(4, 6)).sum().backward()
+    opt.step()
+    opt.synchronize()  # type: ignore[attr-defined]
+    assert model.fc3.weight.grad is not None
+    assert not torch.equal(model.fc3.weight.detach(), before)
     opt.close()  # type: ignore[attr-defined]
 
 
@@ -397,6 +405,9 @@ class _StuckBackend:
     def wait(self, handle: Any, timeout_s: float) -> None:
         time.sleep(timeout_s)
         raise CollectiveTimeoutError(f"not finished after {timeout_s:g} s")
+
+    def broadcast_from_rank0(self, tensors: Any, name: str) -> None:
+        """One rank: every rank already holds rank 0's values."""
 
     def close(self) -> None:
         pass
@@ -533,6 +544,9 @@ class _CountingBackend:
         time.sleep(0.01)  # a collective that takes a while: room for others to start
         with self._lock:
             self.in_flight -= 1
+
+    def broadcast_from_rank0(self, tensors: Any, name: str) -> None:
+        """One rank: every rank already holds rank 0's values."""
 
     def close(self) -> None:
         pass

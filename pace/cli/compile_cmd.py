@@ -2,7 +2,7 @@
 
 Writes the schedule file (schedule format v1) and prints the fusion plan (groups and sizes), the
 predicted iteration time, the lower bound and the gap to it, every simulated baseline, and the
-compile time. ``--json`` prints one object instead (DESIGN.md keys). Warnings go to stderr.
+compile time. ``--json`` prints one object instead (keys in docs/design.md). Warnings go to stderr.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from pace.cli._options import add_what_if_options
 from pace.cli._output import print_json, print_table
+from pace.ir import SCHEDULE_MODES
 
 # Groups listed one per row in the human-readable plan; longer plans are summarised.
 _MAX_GROUP_ROWS = 40
@@ -44,6 +45,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="exact (largest tail first, default) or lp (the paper's LP; falls back to exact)",
     )
     add_what_if_options(p)
+    p.add_argument(
+        "--mode",
+        choices=SCHEDULE_MODES,
+        default="overlap",
+        help="the training loop the schedule is for: overlap (default; the runtime applies each "
+        "update as soon as its gradient is reduced) or sync (wrap(..., sync=True): backward() "
+        "returns with every gradient reduced, as DDP's; for clipping, GradScaler, ...)",
+    )
     p.add_argument(
         "--robust",
         action=argparse.BooleanOptionalAction,
@@ -85,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         bandwidth_gbps=args.bandwidth_gbps,
         workers=args.workers,
         compute_speedup=args.compute_speedup,
+        mode=args.mode,
         robust=args.robust,
         robust_tolerance=args.robust_tolerance,
     )
@@ -106,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
             {
                 "trace": str(args.trace),
                 "schedule": str(args.output),
+                "mode": result.schedule.mode,
                 "predicted_iteration_us": result.predicted_iteration_us,
                 "lower_bound_us": result.lower_bound_us,
                 "gap": result.gap,
@@ -156,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     for name, us in sorted(result.baselines.items(), key=lambda kv: kv[1]):
         summary.append([name, us, _vs(result, us)])
     print_table(
-        f"iteration time (us), schedule written to {args.output}",
+        f"iteration time (us), {result.schedule.mode} mode, schedule written to {args.output}",
         ["policy", "iteration_us", "vs lower bound"],
         summary,
     )

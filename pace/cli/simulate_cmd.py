@@ -1,7 +1,8 @@
 """``pace simulate TRACE (--policy NAME | --schedule FILE)``: replay one policy on a trace.
 
-Prints the iteration time (``--json``: one object with at least ``iteration_us``). Options
-change the simulator's mode (DESIGN.md: the default is the contract's replay semantics):
+Prints the iteration time (``--json``: one object with at least ``iteration_us``; keys in
+docs/design.md). Options change the simulator's mode (docs/simulator.md; the default is the
+replay semantics of docs/schedule-format.md):
 ``--credit N`` units in flight sharing the bandwidth, ``--credit-bytes B`` a byte window,
 ``--barrier`` (the next forward waits for all communication), ``--one-compute-stream`` (ops
 serialised). ``--no-barrier`` etc. override a
@@ -69,13 +70,17 @@ def load_trace_what_if(args: argparse.Namespace) -> Any:
     return load_trace_and_schedule(args)[0]
 
 
-def load_trace_and_schedule(args: argparse.Namespace) -> tuple[Any, Any]:
+def load_trace_and_schedule(
+    args: argparse.Namespace, *, schedule_path: str | None = None, apply_mode: bool = True
+) -> tuple[Any, Any]:
     """The what-if trace of ``args.trace`` and ``args.schedule`` (or None), checked together.
 
     The schedule is matched against the trace as profiled (its digest names that file), then the
     what-if is applied. A schedule compiled with ``--compute-speedup`` carries the speedup in its
     ``meta``, and every schedule its ``cost_model``; they apply unless the command line gives
-    ``--compute-speedup`` / ``--bandwidth-gbps`` / ``--workers``.
+    ``--compute-speedup`` / ``--bandwidth-gbps`` / ``--workers``. A schedule compiled for the
+    runtime's synchronous mode (``mode: sync``) replays on that loop (``pace.compiler.sync_trace``)
+    unless ``apply_mode`` is false. ``schedule_path`` overrides ``args.schedule``.
     """
     from pace.compiler import apply_what_if
     from pace.io import load_schedule, load_trace
@@ -83,8 +88,9 @@ def load_trace_and_schedule(args: argparse.Namespace) -> tuple[Any, Any]:
     trace = load_trace(args.trace)
     schedule = None
     speedup = args.compute_speedup
-    if getattr(args, "schedule", None) is not None:
-        schedule = load_schedule(args.schedule, trace=trace)
+    path = schedule_path if schedule_path is not None else getattr(args, "schedule", None)
+    if path is not None:
+        schedule = load_schedule(path, trace=trace)
         recorded = schedule.meta.get("compute_speedup")
         if speedup is None and isinstance(recorded, int | float) and not isinstance(recorded, bool):
             speedup = float(recorded)
@@ -97,6 +103,7 @@ def load_trace_and_schedule(args: argparse.Namespace) -> tuple[Any, Any]:
         bandwidth_gbps=args.bandwidth_gbps,
         workers=args.workers,
         compute_speedup=speedup,
+        mode=schedule.mode if schedule is not None and apply_mode else "overlap",
     )
     return trace, schedule
 

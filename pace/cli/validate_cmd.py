@@ -48,7 +48,7 @@ _PREDICTION_RTOL = 1e-6
 
 
 def _check_prediction(schedule: Schedule, trace: Trace, where: str) -> None:
-    """``predicted_iteration_us`` must be the replay of exactly this file (DESIGN.md).
+    """``predicted_iteration_us`` must be the replay of exactly this file (docs/schedule-format.md).
 
     The replay uses the schedule's own ``cost_model`` and ``meta.compute_speedup``: a what-if
     compile legitimately differs from the trace's measured one.
@@ -63,6 +63,8 @@ def _check_prediction(schedule: Schedule, trace: Trace, where: str) -> None:
                 f"must be a number > 0, got {speedup!r}", where=where, field="meta.compute_speedup"
             )
         trace = apply_what_if(trace, compute_speedup=float(speedup))
+    # A sync-mode schedule predicts the loop whose forward waits for every gradient.
+    trace = apply_what_if(trace, mode=schedule.mode)
     replay = simulate(
         dataclasses.replace(trace, comm=schedule.cost_model), schedule_policy(schedule)
     )

@@ -30,6 +30,10 @@ _POLL_MIN_S = 20e-6
 _POLL_MAX_S = 1e-3
 
 
+# DDP's broadcast_bucket_size default (250 MiB).
+_BROADCAST_BUCKET_BYTES = 250 * 2**20
+
+
 class CollectiveTimeoutError(TimeoutError):
     """A collective did not finish within the time limit."""
 
@@ -45,6 +49,11 @@ class Backend(Protocol):
 
     def wait(self, handle: Any, timeout_s: float) -> None:
         """Wait for ``handle``; raise ``CollectiveTimeoutError`` or the backend's error."""
+        ...
+
+    def broadcast_from_rank0(self, tensors: list[torch.Tensor], name: str) -> None:
+        """Copy rank 0's values of ``tensors`` into every rank's, in place, from the caller's
+        thread (the training thread: ordered with the user's own collectives, as DDP's)."""
         ...
 
     def close(self) -> None: ...
@@ -97,6 +106,20 @@ class HorovodBackend:
         # Returns at once now; raises HorovodInternalError if the collective failed.
         self._mpi_ops.synchronize(handle)
 
+    def broadcast_from_rank0(self, tensors: list[torch.Tensor], name: str) -> None:
+        # One collective per dtype: flatten, broadcast, copy back (bitwise a copy).
+        by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for t in tensors:
+            if t.numel():
+                by_dtype.setdefault((t.dtype, t.device), []).append(t)
+        for n, group in enumerate(by_dtype.values()):
+            flat = torch.cat([t.reshape(-1) for t in group])
+            self._hvd.broadcast_(flat, root_rank=0, name=f"{name}.{n}")
+            at = 0
+            for t in group:
+                t.copy_(flat[at : at + t.numel()].view_as(t))
+                at += t.numel()
+
     def close(self) -> None:
         """Horovod's lifetime belongs to the user (hvd.shutdown)."""
 
@@ -142,6 +165,14 @@ class TorchBackend:
                 raise CollectiveTimeoutError(str(exc).splitlines()[0]) from exc
             raise
         buf.mul_(self._scale)
+
+    def broadcast_from_rank0(self, tensors: list[torch.Tensor], name: str) -> None:
+        # DDP's own coalesced broadcast on the default group (as DDP: its process group).
+        live = [t for t in tensors if t.numel()]
+        if live:
+            self._dist._broadcast_coalesced(  # type: ignore[attr-defined]
+                self._dist.distributed_c10d._get_default_group(), live, _BROADCAST_BUCKET_BYTES, 0
+            )
 
     def close(self) -> None:
         # Best effort at shutdown: the default group may already be destroyed.

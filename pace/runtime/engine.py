@@ -21,22 +21,33 @@ at its next call into the runtime.
 from __future__ import annotations
 
 import heapq
+import itertools
 import queue
 import random
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import torch
 
 from pace.errors import RuntimeReplayError
 from pace.runtime.backends import Backend, CollectiveTimeoutError
+from pace.runtime.failures import Reporter
 from pace.runtime.plan import ParamInfo, PlanUnit, ReplayPlan
 
 Mode = Literal["replay", "online"]
+# Engines of this process, in creation order (the same on every rank, since every rank calls
+# wrap() in the same order): collective names carry it, so a collective left in flight by a
+# closed engine can never be matched with one of the next engine's.
+_ENGINE_IDS = itertools.count()
+# What a parameter without a gradient on this rank gets: "ddp" is DDP with
+# find_unused_parameters=True (unused on every rank: .grad untouched and no update; used on some
+# rank: the average), "zero" is hvd.DistributedOptimizer (a zero gradient, always reduced).
+Unused = Literal["ddp", "zero"]
 # Called with (parameter indices whose gradient is fully reduced, iteration).
 Updater = Callable[[tuple[int, ...], int], None]
 
@@ -52,6 +63,7 @@ class _Flight:
     copy_back: list[tuple[torch.Tensor, int, int]]  # (gradient view, start, stop in buf)
     nbytes: int
     bitmap_at: int  # offset of the readiness bitmap in buf; -1 if none
+    used_at: int  # offset of the used-parameter map in buf; -1 if none
     plan: ReplayPlan
     issued_s: float
     done: threading.Event = field(default_factory=threading.Event)
@@ -76,8 +88,17 @@ class Engine:
         inject_delay_s: float = 0.0,
         seed: int = 0,
         monitor: Any = None,
+        sync: bool = False,
+        unused: Unused = "zero",
+        reporter: Reporter | None = None,
     ) -> None:
         self.params = list(params)
+        self._name = f"pace.{next(_ENGINE_IDS)}"
+        # sync: backward() returns with every gradient reduced and no update is applied here
+        # (the user's step() does it); otherwise each update is applied as soon as it can be.
+        self.sync = sync
+        self.unused = unused
+        self._reporter = reporter or Reporter(None, backend.rank, backend.size)
         self.infos = list(infos)
         self.plan = plan
         # Schedule switches: (first iteration, plan), applied by the dispatcher at that boundary.
@@ -99,7 +120,22 @@ class Engine:
         self.steps = 0
         self._marked_in_iteration = 0
         self._pending_zero: list[bool | None] = [None] * n
-        # (parameter, iteration) -> pieces still in flight; keyed by iteration so a schedule
+        # Inside no_sync(): gradients accumulate locally, nothing is marked or reduced.
+        self.accumulating = False
+        # Per parameter: (the gradient tensor, its version counter) when it was marked ready.
+        # The runtime reduces through an alias with a version counter of its own, so any later
+        # change of the version is a change the runtime did not make (clipping, unscale_, ...).
+        self._seen: list[tuple[weakref.ref[torch.Tensor], int] | None] = [None] * n
+        self._alias: list[torch.Tensor | None] = [None] * n
+        # Per iteration: which parameters got a gradient from autograd on this rank (the map
+        # the last unit carries when unused == "ddp"), the locally unused ones with the gradient
+        # to restore if no rank used them, and their completions held back until the map is in.
+        self._used: dict[int, list[bool]] = {}
+        self._unused_local: dict[int, dict[int, torch.Tensor | None]] = {}
+        self._held: dict[int, list[int]] = {}
+        self._global_used: dict[
+            int, list[bool]
+        ] = {}  # (parameter, iteration) -> pieces still in flight; keyed by iteration so a schedule
         # switch never mixes the piece counts of two plans.
         self._remaining: dict[tuple[int, int], int] = {}
         self._in_flight_bytes = 0
@@ -110,7 +146,7 @@ class Engine:
         self._dispatch_at = "not started"
         self._oldest_flight = ""
         self._queue: queue.SimpleQueue[_Flight | None] = queue.SimpleQueue()
-        self._fused: dict[int, torch.Tensor] = {}
+        self._fused: dict[tuple[int, int, torch.dtype, torch.device], torch.Tensor] = {}
         self._ready_rng = random.Random(f"{seed}:hook:{backend.rank}")
         self._threads = [
             threading.Thread(target=self._guard(self._dispatch_loop), name="pace-dispatch"),
@@ -127,6 +163,8 @@ class Engine:
 
     def mark_ready(self, i: int) -> None:
         """Autograd hook: parameter ``i``'s gradient for the current iteration is final."""
+        if self.accumulating:
+            return
         self._raise_if_failed()
         self._chaos(self._ready_rng)
         p = self.params[i]
@@ -134,34 +172,96 @@ class Engine:
         if grad is None:  # pragma: no cover - autograd always sets it before this hook
             return
         if grad.is_sparse:
-            raise RuntimeReplayError(
-                f"parameter {self.infos[i].name!r}: sparse gradients are not supported"
-            )
+            self.refuse(f"parameter {self.infos[i].name!r}: sparse gradients are not supported")
         if not grad.is_contiguous():
             # The schedule's byte offsets refer to the row-major flattened gradient.
             p.grad = grad.contiguous()
         with self._cv:
             k = self.steps
             if self.marks[i] != k:
-                raise RuntimeReplayError(
+                self.refuse(
                     f"rank {self.backend.rank}: gradient of {self.infos[i].name!r} computed twice "
-                    f"in iteration {k}; call step() after every backward() (gradient "
-                    "accumulation over several backward passes is not supported)"
+                    f"in iteration {k}: call step() after every backward(), or accumulate "
+                    "gradients over several backward passes inside `with opt.no_sync():` (as "
+                    "with DDP) for all but the last"
                 )
             if self.updated[i] < k:
-                raise RuntimeReplayError(
+                self.refuse(
                     f"rank {self.backend.rank}: gradient of {self.infos[i].name!r} for iteration "
                     f"{k} arrived before its update of iteration {k - 1} finished: the parameter "
                     "is used outside the forward of the module that owns it; call "
                     "synchronize() before such uses"
                 )
-            if self._marked_in_iteration == 0:
+            first = self._marked_in_iteration == 0
+            if first:
                 self._on_iteration_start(k)
             self._marked_in_iteration += 1
+            self._record(i)
+            self._used.setdefault(k, [False] * len(self.params))[i] = True
             self.marks[i] = k + 1
             self._cv.notify_all()
+        if first and self.sync:
+            # Runs when this backward pass ends, on its thread: backward() returns only once
+            # every gradient is reduced (what DDP's reducer does with the same callback).
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         if self._monitor is not None:
             self._monitor.on_grad_ready(i, time.perf_counter() * 1e6)
+
+    def check_step(self) -> None:
+        """Sync mode, before the optimizer's own step: no failure, not inside ``no_sync()``."""
+        self._raise_if_failed()
+        if self.accumulating:
+            self.refuse(
+                f"rank {self.backend.rank}: step() inside no_sync(): the gradients accumulated "
+                "there are not reduced yet; run the last backward() outside no_sync(), then step()"
+            )
+
+    def _record(self, i: int) -> None:
+        """Remember parameter ``i``'s final gradient and make the alias the runtime reduces."""
+        grad = self.params[i].grad
+        assert grad is not None
+        with torch.no_grad():
+            alias = torch.empty(0, dtype=grad.dtype, device=grad.device)
+            alias.set_(grad.untyped_storage(), grad.storage_offset(), (grad.numel(),), (1,))
+        self._alias[i] = alias
+        self._seen[i] = (weakref.ref(grad), grad._version)
+
+    def _check_untouched(self, what: str) -> None:
+        """Overlapped mode: raise if a gradient marked in the open iteration has been changed."""
+        if self.sync:
+            return
+        k = self.steps
+        for i, p in enumerate(self.params):
+            seen = self._seen[i]
+            if self.marks[i] != k + 1 or seen is None:
+                continue
+            ref, version = seen
+            grad = p.grad
+            if grad is not None and ref() is grad and grad._version == version:
+                continue
+            self.refuse(
+                f"rank {self.backend.rank}: the gradient of {self.infos[i].name!r} was changed "
+                f"between backward() and {what} (gradient clipping, GradScaler's unscale_, or "
+                "an edit of .grad); in the overlapped mode the runtime reduces each gradient "
+                "and applies its update while backward() runs, so the change cannot take "
+                "effect. Use wrap(..., sync=True) with a schedule compiled by `pace compile "
+                "--mode sync`: backward() then returns with every gradient reduced, as with DDP"
+            )
+
+    def refuse(self, message: str) -> NoReturn:
+        """Raise a usage error on this rank, and tell the other ranks why this one stops."""
+        self._reporter.publish(message)
+        raise RuntimeReplayError(message)
+
+    def _end_of_backward(self) -> None:
+        """Sync mode: close the iteration and wait until every gradient is reduced."""
+        self.close_iteration()
+        with self._cv:
+            self._wait_locked(
+                lambda: all(u >= self.steps for u in self.updated),
+                "backward()",
+                range(len(self.params)),
+            )
 
     def switch_plan(self, plan: ReplayPlan) -> int:
         """Replay ``plan`` from the next iteration on; returns that iteration's number.
@@ -189,8 +289,10 @@ class Engine:
             return self.plan
 
     def close_iteration(self) -> None:
-        """``step()``: every gradient not marked yet is final now (zeros if never computed)."""
-        self._raise_if_failed()
+        """Every gradient not marked yet is final now (``step()``, or the end of backward in
+        the sync mode); a parameter without one gets zeros (see ``Unused``)."""
+        self.check_step()
+        self._check_untouched("step()")
         with self._cv:
             k = self.steps
             started = self._marked_in_iteration > 0
@@ -200,15 +302,24 @@ class Engine:
             self._wait_locked(lambda: all(self.updated[i] >= k for i in todo), "step()", todo)
             if not started:
                 self._on_iteration_start(k)
+            unused: dict[int, torch.Tensor | None] = {}
             for i in todo:
                 p = self.params[i]
+                if self.unused == "ddp":
+                    # Restored if no rank used it (DDP leaves .grad untouched then).
+                    unused[i] = None if p.grad is None else p.grad.clone()
                 if p.grad is None:
-                    # Horovod's DistributedOptimizer does the same: another rank may have a
-                    # gradient for it, and every rank must issue the same collectives.
+                    # Every rank must issue the same collectives; another rank may have a
+                    # gradient for this parameter.
                     p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
                 elif not p.grad.is_contiguous():
                     p.grad = p.grad.contiguous()
+                self._record(i)
                 self.marks[i] = k + 1
+            self._used.setdefault(k, [False] * len(self.params))
+            self._used.pop(k - 2, None)
+            if unused:
+                self._unused_local[k] = unused
             self._marked_in_iteration = 0
             self.steps = k + 1
             self._cv.notify_all()
@@ -221,10 +332,11 @@ class Engine:
             # These gradients are final and their parameters are being updated in place right
             # now; a forward (and its backward) would see a half-updated model. (A forward whose
             # parameters have no gradient yet, e.g. activation checkpointing's recompute, is fine.)
-            raise RuntimeReplayError(
+            self.refuse(
                 f"rank {self.backend.rank}: {what} between backward() and step(): its parameters "
-                "are already being updated (gradient accumulation over several forward/backward "
-                "passes is not supported); call step() first"
+                "are already being updated; call step() first, or, to accumulate gradients over "
+                "several forward/backward passes, run all but the last inside "
+                "`with opt.no_sync():` (as with DDP)"
             )
         if self._error is None and all(updated[i] >= steps for i in indices):
             return
@@ -242,9 +354,10 @@ class Engine:
         self._raise_if_failed()
         with self._cv:
             if self.iteration_open():
-                raise RuntimeReplayError(
-                    "zero_grad() was called after backward() but before step(): the gradients "
-                    "are being reduced; call step() first"
+                self._check_untouched("zero_grad()")
+                self.refuse(
+                    f"rank {self.backend.rank}: zero_grad() was called after backward() but "
+                    "before step(): the gradients are being reduced; call step() first"
                 )
             for i, p in enumerate(self.params):
                 if self.updated[i] >= self.steps:
@@ -254,17 +367,25 @@ class Engine:
 
     def synchronize(self) -> None:
         self._raise_if_failed()
-        if self.iteration_open():
-            raise RuntimeReplayError(
-                "synchronize() was called between backward() and step(): the runtime applies "
-                "each update as soon as its gradient is reduced, so there is nothing to "
-                "synchronize before step() (gradient clipping between backward and step is not "
-                "supported in replay)"
+        if self.iteration_open() and not self.sync:
+            self._check_untouched("synchronize()")
+            self.refuse(
+                f"rank {self.backend.rank}: synchronize() was called between backward() and "
+                "step(): in the overlapped mode the runtime applies each update as soon as its "
+                "gradient is reduced, so gradients cannot be inspected or changed before step() "
+                "(e.g. Horovod's `opt.synchronize(); clip_grad_norm_(...); with "
+                "opt.skip_synchronize(): opt.step()`). Use wrap(..., sync=True) with a schedule "
+                "compiled by `pace compile --mode sync`"
             )
         self.wait_updated(range(len(self.params)), "synchronize()")
 
-    def close(self) -> None:
-        """Stop both threads and wait for them (clean shutdown; idempotent)."""
+    def close(self, join_timeout_s: float | None = None) -> None:
+        """Stop both threads and wait for them (clean shutdown; idempotent).
+
+        ``join_timeout_s``: at interpreter exit a short one, so a rank that fails while a
+        collective is in flight exits (and its peers learn it) instead of waiting out the
+        collective's time-out.
+        """
         if self._closed:
             return
         self._closed = True
@@ -275,7 +396,7 @@ class Engine:
         for t in self._threads:
             if t is not threading.current_thread():
                 # A collective can block at most timeout_s in the completion thread.
-                t.join(self.timeout_s + 5.0)
+                t.join(self.timeout_s + 5.0 if join_timeout_s is None else join_timeout_s)
         self.backend.close()
 
     # -----------------------------------------------------------------------------------------
@@ -326,7 +447,9 @@ class Engine:
             except _StoppedError:
                 pass
             except BaseException as exc:  # any failure must reach the trainer
-                self._fail(f"rank {self.backend.rank}: runtime thread failed: {exc!r}", exc)
+                message = f"rank {self.backend.rank}: runtime thread failed: {exc!r}"
+                self._reporter.publish(message)
+                self._fail(message, exc)
 
         return run
 
@@ -363,25 +486,29 @@ class Engine:
                 self._cv.wait()
             self._in_flight_bytes += nbytes
 
-    def _pack(self, unit: PlanUnit, bitmap_len: int) -> tuple[torch.Tensor, list[Any], int]:
+    def _pack(self, unit: PlanUnit, extra: int) -> tuple[torch.Tensor, list[Any], int]:
+        """The buffer that carries ``unit`` (and ``extra`` trailing elements), its copy-back
+        list and where the extra elements start (-1 if none)."""
         views = []
         for piece in unit.pieces:
-            grad = self.params[piece.param].grad
-            assert grad is not None  # marked ready => set (close_iteration fills None)
-            flat = grad.view(-1)
+            # The alias, not .grad: the runtime's in-place writes must not move the version
+            # counter that _check_untouched watches.
+            flat = self._alias[piece.param]
+            assert flat is not None  # marked ready => recorded
             views.append(
                 flat
                 if piece.start == 0 and piece.stop == flat.numel()
                 else flat[piece.start : piece.stop]
             )
-        if len(views) == 1 and bitmap_len == 0:
+        if len(views) == 1 and extra == 0:
             # A single piece is reduced in place: no copy at all.
             return views[0], [], -1
-        buf = self._fused.get(unit.index)
-        numel = unit.numel + bitmap_len
-        if buf is None or buf.dtype != views[0].dtype:
-            buf = torch.empty(numel, dtype=views[0].dtype)
-            self._fused[unit.index] = buf
+        numel = unit.numel + extra
+        key = (unit.index, numel, views[0].dtype, views[0].device)
+        buf = self._fused.get(key)
+        if buf is None:
+            buf = torch.empty(numel, dtype=views[0].dtype, device=views[0].device)
+            self._fused[key] = buf
         copy_back = []
         at = 0
         for v in views:
@@ -389,22 +516,41 @@ class Engine:
             buf[at : at + n].copy_(v)
             copy_back.append((v, at, at + n))
             at += n
-        return buf, copy_back, (at if bitmap_len else -1)
+        return buf, copy_back, (at if extra else -1)
 
     def _issue(
-        self, k: int, unit: PlanUnit | None, name: str, *, plan: ReplayPlan, bitmap_len: int = 0
+        self,
+        k: int,
+        unit: PlanUnit | None,
+        name: str,
+        *,
+        plan: ReplayPlan,
+        bitmap: bool = False,
+        used: bool = False,
     ) -> _Flight:
+        """Start one collective. ``bitmap``: append this rank's readiness of every gradient
+        (online mode); ``used``: append which parameters autograd gave a gradient here (the
+        iteration's last unit, when ``unused == "ddp"``)."""
+        n = len(self.params)
+        extra = n * (int(bitmap) + int(used))
         if unit is None:
-            buf = torch.empty(bitmap_len, dtype=torch.float32)
+            buf = torch.empty(extra, dtype=torch.float32)
             copy_back: list[Any] = []
-            bitmap_at = 0
+            extra_at = 0
         else:
-            buf, copy_back, bitmap_at = self._pack(unit, bitmap_len)
-        if bitmap_at >= 0:
-            # Which gradients are ready here, now; the average over ranks is 1 only for the
-            # gradients ready on every rank, which every rank then learns identically.
-            marks = self.marks
-            buf[bitmap_at:] = torch.tensor([1.0 if m > k else 0.0 for m in marks], dtype=buf.dtype)
+            buf, copy_back, extra_at = self._pack(unit, extra)
+        values: list[float] = []
+        with self._cv:
+            if bitmap:
+                # Which gradients are ready here, now; the average over ranks is 1 only for the
+                # gradients ready on every rank, which every rank then learns identically.
+                values += [1.0 if m > k else 0.0 for m in self.marks]
+            if used:
+                # Final here: the last unit goes only after every parameter was marked, by its
+                # hook (used) or by closing the iteration (unused).
+                values += [1.0 if u else 0.0 for u in self._used.get(k, [False] * n)]
+        if values:
+            buf[extra_at:] = torch.tensor(values, dtype=buf.dtype)
         nbytes = buf.numel() * buf.element_size()
         flight = _Flight(
             iteration=k,
@@ -413,7 +559,8 @@ class Engine:
             handle=self.backend.start(buf, name),
             copy_back=copy_back,
             nbytes=nbytes,
-            bitmap_at=bitmap_at,
+            bitmap_at=extra_at if bitmap else -1,
+            used_at=(extra_at + (n if bitmap else 0)) if used else -1,
             plan=plan,
             issued_s=time.perf_counter(),
         )
@@ -443,7 +590,8 @@ class Engine:
             nbytes = unit.numel * _itemsize(self.infos[unit.pieces[0].param])
             self._dispatch_at = f"{where} (waiting for credit)"
             self._wait_credit(nbytes)
-            self._issue(k, unit, f"pace.{unit.index}", plan=plan)
+            last = unit is plan.units[-1] and self.unused == "ddp"
+            self._issue(k, unit, f"{self._name}.{unit.index}", plan=plan, used=last)
         self._dispatch_at = f"end of iteration {k}"
 
     def _online_iteration(self, k: int, rng: random.Random) -> None:
@@ -486,7 +634,12 @@ class Engine:
                     self._dispatch_at = f"{self._describe(unit)} of iteration {k}"
                     self._chaos(rng)
                     f = self._issue(
-                        k, unit, f"pace.p{unit.index}", plan=self.plan, bitmap_len=n_params
+                        k,
+                        unit,
+                        f"{self._name}.p{unit.index}",
+                        plan=self.plan,
+                        bitmap=True,
+                        used=sent == len(self.plan.units) - 1 and self.unused == "ddp",
                     )
                     flights.append(f)
                     in_flight += f.nbytes
@@ -505,7 +658,7 @@ class Engine:
                         raise _StoppedError
                     self._cv.wait()
             self._dispatch_at = f"readiness probe of iteration {k}"
-            probe = self._issue(k, None, "pace.probe", plan=self.plan, bitmap_len=n_params)
+            probe = self._issue(k, None, f"{self._name}.probe", plan=self.plan, bitmap=True)
             in_flight += probe.nbytes
             fold(probe)
         while flights:
@@ -538,12 +691,16 @@ class Engine:
                 self._fail(
                     f"rank {self.backend.rank}: {what} did not complete within "
                     f"{self.timeout_s:g} s ({exc}); another rank is stuck, dead or issued a "
-                    "different schedule",
+                    f"different schedule{self._reporter.explain()}",
                     exc,
                 )
                 raise _StoppedError from exc
             except Exception as exc:  # e.g. a dead peer closed the connection
-                self._fail(f"rank {self.backend.rank}: {what} failed: {exc}", exc)
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                self._fail(
+                    f"rank {self.backend.rank}: {what} failed: {first}{self._reporter.explain()}",
+                    exc,
+                )
                 raise _StoppedError from exc
             self._oldest_flight = ""
             if self._monitor is not None and f.unit is not None:
@@ -556,9 +713,15 @@ class Engine:
             self._chaos(rng)
             for view, a, b in f.copy_back:
                 view.copy_(f.buf[a:b])
+            n_params = len(self.params)
             if f.bitmap_at >= 0:
                 threshold = 1.0 - 0.5 / self.backend.size
-                f.agreed = [v >= threshold for v in f.buf[f.bitmap_at :].tolist()]
+                bits = f.buf[f.bitmap_at : f.bitmap_at + n_params].tolist()
+                f.agreed = [v >= threshold for v in bits]
+            if f.used_at >= 0:
+                # The average is > 0 exactly for the parameters some rank used.
+                used = f.buf[f.used_at : f.used_at + n_params].tolist()
+                self._global_used[f.iteration] = [v > 0 for v in used]
             if self.mode == "replay":
                 with self._cv:
                     self._in_flight_bytes -= f.nbytes
@@ -576,10 +739,36 @@ class Engine:
                 complete.append(i)
             else:
                 self._remaining[(i, k)] = left
-        if not complete:
+        unused = self._unused_local.get(k)
+        # Set only by the iteration's last unit, which every other unit completed before.
+        used = self._global_used.pop(k, None)
+        if unused:
+            # A parameter no autograd hook marked here waits for the used map to know whether
+            # any rank used it.
+            held = self._held.setdefault(k, [])
+            held.extend(i for i in complete if i in unused)
+            complete = [i for i in complete if i not in unused]
+            if used is not None:
+                restored = []
+                for i in held:
+                    if used[i]:
+                        complete.append(i)
+                    else:
+                        # Unused on every rank: DDP leaves .grad as it was and nothing updates.
+                        self.params[i].grad = unused[i]
+                        restored.append(i)
+                self._release(tuple(restored), k)
+                del self._held[k], self._unused_local[k]
+        if complete:
+            done = tuple(complete)
+            if not self.sync:
+                self._updater(done, k)
+            self._release(done, k)
+
+    def _release(self, done: tuple[int, ...], k: int) -> None:
+        """Parameters ``done`` carry iteration ``k``'s result now: let the trainer go on."""
+        if not done:
             return
-        done = tuple(complete)
-        self._updater(done, k)
         with self._cv:
             for i in done:
                 zero = self._pending_zero[i]

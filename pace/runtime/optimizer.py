@@ -21,20 +21,22 @@ hiding them would race. The view touches nothing but S.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import torch
 
-from pace.errors import InputError, RuntimeReplayError
+from pace.errors import InputError, RuntimeReplayError, ScheduleMismatchError
 from pace.ir import Schedule, Trace
-from pace.runtime.backends import make_backend
+from pace.runtime.backends import Backend, make_backend
 from pace.runtime.engine import Engine, zero_param_grad
+from pace.runtime.failures import Reporter, horovod_board, torch_board
 from pace.runtime.plan import (
     ParamInfo,
     ReplayPlan,
@@ -47,7 +49,16 @@ BackendName = Literal["horovod", "torch"]
 
 # Attributes a learning-rate scheduler (or the user) may have patched onto the optimizer
 # instance; copying them would shadow the wrapper's own methods.
-_OWN_METHODS = ("step", "zero_grad", "synchronize", "state_dict", "load_state_dict", "close")
+_OWN_METHODS = (
+    "step",
+    "zero_grad",
+    "synchronize",
+    "skip_synchronize",
+    "no_sync",
+    "state_dict",
+    "load_state_dict",
+    "close",
+)
 
 
 # ByteScheduler's default credit for the online mode (its partition size is
@@ -61,14 +72,22 @@ class RuntimeOptions:
 
     ``credit_bytes``: bytes of collectives allowed in flight (one unit always may go).
     ``None`` (default): replaying a schedule, one unit at a time, which is the schedule's replay
-    contract (DESIGN.md: one channel, smallest priority first; ``predicted_iteration_us`` is
-    computed that way); in the online mode ``ONLINE_CREDIT_BYTES``, ByteScheduler's window. A
-    larger window for a replay lets a later unit share the link with an earlier one (gloo runs
-    collectives concurrently on its worker threads), delaying the unit the schedule put first.
+    contract (docs/schedule-format.md: one channel, smallest priority first;
+    ``predicted_iteration_us`` is computed that way); in the online mode
+    ``ONLINE_CREDIT_BYTES``, ByteScheduler's window. A larger window for a replay lets a later
+    unit share the link with an earlier one (gloo runs collectives concurrently on its worker
+    threads), delaying the unit the schedule put first.
     ``partition_bytes``: online mode (no schedule) only, ByteScheduler's partition size.
     ``timeout_s``: any wait on a collective or on an update longer than this is an error.
     ``inject_delay_s``: testing only; sleep a random ``[0, inject_delay_s)`` in every gradient
     hook, before every issue and before every completion (seeded by ``seed`` and the rank).
+    ``sync``: ``backward()`` returns with every gradient reduced, as DDP's does, and ``step()``
+    is the optimizer's own; for loops that read or change gradients before ``step()``
+    (clipping, ``GradScaler``, inspection). Needs a schedule compiled with ``--mode sync``.
+    ``broadcast_buffers``: copy rank 0's buffers (BatchNorm statistics, ...) to every rank at
+    the start of each training forward, exactly when DDP's ``broadcast_buffers=True`` does;
+    ``None`` follows the backend's reference: on for ``"torch"`` (DDP's default), off for
+    ``"horovod"`` (``hvd.DistributedOptimizer`` never touches buffers).
     """
 
     credit_bytes: int | None = None
@@ -76,8 +95,17 @@ class RuntimeOptions:
     timeout_s: float = 300.0
     inject_delay_s: float = 0.0
     seed: int = 0
+    sync: bool = False
+    broadcast_buffers: bool | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.sync, bool):
+            raise InputError(f"must be True or False, got {self.sync!r}", where="sync")
+        if self.broadcast_buffers is not None and not isinstance(self.broadcast_buffers, bool):
+            raise InputError(
+                f"must be True, False or None, got {self.broadcast_buffers!r}",
+                where="broadcast_buffers",
+            )
         if self.credit_bytes is not None and not (
             isinstance(self.credit_bytes, int)
             and not isinstance(self.credit_bytes, bool)
@@ -117,15 +145,38 @@ class PaceOptimizer(torch.optim.Optimizer):
 
     # --- the usual contracts -----------------------------------------------------------------
 
-    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
+    def step(  # type: ignore[override]
+        self, closure: Callable[[], float] | None = None, *, grad_scaler: Any = None
+    ) -> None:
         """Close the iteration and return; updates finish in the background.
 
         Every gradient of this iteration is final now (a parameter without a gradient gets a
         zero one, as with Horovod). Each module's next forward waits for its own parameters'
         updates; call ``synchronize()`` before reading parameters any other way.
         """
+        if grad_scaler is not None:
+            # Only the overlapped mode declares _step_supports_amp_scaling, so that
+            # GradScaler.step() hands itself here instead of unscaling in place (an unscale
+            # on the CPU does not move the gradients' version counters).
+            self._pace_engine.refuse(
+                f"rank {self._pace_engine.backend.rank}: GradScaler.step() in the overlapped "
+                "mode: the runtime already applied updates with the scaled gradients while "
+                "backward() ran. Use wrap(..., sync=True) with a schedule compiled by `pace "
+                "compile --mode sync`: backward() then returns with every gradient reduced, as "
+                "with DDP, and GradScaler works unchanged"
+            )
+        if self._pace_engine.sync:
+            self._pace_engine.check_step()
+            self._pace_base.step(self, closure)
+        else:
+            self._overlapped_step(closure)
+
+    def _overlapped_step(self, closure: Callable[[], float] | None) -> None:
         if closure is not None:
-            raise InputError("step(closure) is not supported by the pace runtime", where="step")
+            raise InputError(
+                "step(closure) is not supported in the overlapped mode; use sync=True",
+                where="step",
+            )
         for pre in list(self._optimizer_step_pre_hooks.values()):
             pre(self, (), {})
         self._pace_engine.close_iteration()
@@ -141,8 +192,32 @@ class PaceOptimizer(torch.optim.Optimizer):
                     zero_param_grad(p, set_to_none)
 
     def synchronize(self) -> None:
-        """Wait for every outstanding collective and parameter update (or raise their error)."""
+        """Wait for every outstanding collective and parameter update (or raise their error).
+
+        In the sync mode gradients are already reduced when ``backward()`` returns, so this is
+        Horovod's ``opt.synchronize()`` as well: ``opt.synchronize(); clip...; with
+        opt.skip_synchronize(): opt.step()`` works unchanged.
+        """
         self._pace_engine.synchronize()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Horovod's ``skip_synchronize()``: ``step()`` never re-reduces here, so a no-op."""
+        yield
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """DDP's ``no_sync()``: backward passes inside accumulate gradients locally, with no
+        communication; the next backward outside reduces the accumulated gradients."""
+        engine = self._pace_engine
+        if engine.accumulating:
+            yield
+            return
+        engine.accumulating = True
+        try:
+            yield
+        finally:
+            engine.accumulating = False
 
     def state_dict(self) -> dict[str, Any]:
         self.synchronize()
@@ -290,17 +365,25 @@ def wrap(
         raise InputError(f"pass either options= or {sorted(knobs)}, not both", where="wrap")
     if isinstance(optimizer, PaceOptimizer):
         raise InputError("this optimizer is already wrapped", where="wrap")
-    if isinstance(optimizer, torch.optim.LBFGS):
+    if isinstance(optimizer, torch.optim.LBFGS) and not options.sync:
         raise InputError(
-            "LBFGS couples all parameters in one update and cannot be updated per parameter",
+            "LBFGS couples all parameters in one update and cannot be updated per parameter; "
+            "use sync=True",
             where="wrap",
         )
     if backend not in ("horovod", "torch"):
         raise InputError(
             f"unknown backend {backend!r}; choose 'horovod' or 'torch'", where="backend"
         )
-    names, params, group_of = _managed_params(optimizer, model)
+    # torch.compile(model) returns a wrapper whose parameter names carry "_orig_mod."; the
+    # schedule names the model's own parameters, and hooks inside the compiled module would
+    # break its graph, so names, per-module hooks and broadcasts use the original module.
+    inner = getattr(model, "_orig_mod", None)
+    compiled = isinstance(inner, torch.nn.Module)
+    module = inner if isinstance(inner, torch.nn.Module) else model
+    names, params, group_of = _managed_params(optimizer, module)
     infos = [_param_info(n, p) for n, p in zip(names, params, strict=True)]
+    want_mode = "sync" if options.sync else "overlap"
 
     mode: Literal["replay", "online"] = "replay"
     if schedule is None:
@@ -309,6 +392,14 @@ def wrap(
     else:
         try:
             loaded, where = _load(schedule, trace)
+            if loaded.mode != want_mode:
+                raise ScheduleMismatchError(
+                    f"the schedule was compiled for the {loaded.mode} mode but the runtime runs "
+                    f"the {want_mode} mode; recompile with `pace compile --mode {want_mode}` "
+                    f"or wrap with sync={loaded.mode == 'sync'}",
+                    where=where,
+                    field="mode",
+                )
             plan = plan_from_schedule(loaded, infos, where=where)
         except InputError as err:
             if not fallback:
@@ -324,6 +415,11 @@ def wrap(
             plan = wfbp_plan(infos)
 
     be = make_backend(backend)
+    reporter = Reporter(torch_board() if backend == "torch" else horovod_board(), be.rank, be.size)
+    reporter.install_excepthook()
+    # As DDP's constructor (and Horovod's documented broadcast_parameters): every rank starts
+    # from rank 0's parameters and buffers.
+    _broadcast_state(be, module)
     base = type(optimizer)
     cls = cast(
         "type[PaceOptimizer]",
@@ -364,18 +460,50 @@ def wrap(
         inject_delay_s=options.inject_delay_s,
         seed=options.seed,
         monitor=monitor,
+        sync=options.sync,
+        # Each backend's reference: DDP (find_unused_parameters=True) or Horovod (zeros).
+        unused="ddp" if backend == "torch" else "zero",
+        reporter=reporter,
     )
     wrapped._pace_engine = engine
-    wrapped._pace_handles = _install_hooks(engine, model, params)
-    # Threads must stop even if the user never calls close(): at collection or at exit.
-    finalizer = weakref.finalize(wrapped, engine.close)
+    # GradScaler.step(opt) then calls opt.step(grad_scaler=...), which the overlapped mode
+    # refuses; in the sync mode GradScaler unscales and steps as usual.
+    wrapped._step_supports_amp_scaling = not options.sync
+    sync_buffers = (
+        options.broadcast_buffers if options.broadcast_buffers is not None else backend == "torch"
+    )
+    wrapped._pace_handles = _install_hooks(
+        engine,
+        model,
+        module,
+        params,
+        per_module_waits=not options.sync and not compiled,
+        buffers_from=be if sync_buffers else None,
+    )
+    # Threads must stop even if the user never calls close(): at collection or at exit (then
+    # without waiting long for a collective that a dead peer will never finish).
+    finalizer = weakref.finalize(wrapped, engine.close, 2.0)
     atexit.register(finalizer)
     return wrapped
 
 
+def _broadcast_state(backend: Backend, module: torch.nn.Module) -> None:
+    tensors = [p.data for p in module.parameters()] + list(module.buffers())
+    with torch.no_grad():
+        backend.broadcast_from_rank0(tensors, "pace.init")
+
+
 def _install_hooks(
-    engine: Engine, model: torch.nn.Module, params: list[torch.nn.Parameter]
+    engine: Engine,
+    model: torch.nn.Module,
+    module: torch.nn.Module,
+    params: list[torch.nn.Parameter],
+    *,
+    per_module_waits: bool,
+    buffers_from: Backend | None,
 ) -> list[Any]:
+    """Gradient hooks; forward pre-hooks that wait for updates (overlapped mode); DDP's buffer
+    broadcast. ``model`` is what the user calls (maybe compiled), ``module`` its own module."""
     index = {id(p): i for i, p in enumerate(params)}
     handles: list[Any] = []
     for i, p in enumerate(params):
@@ -384,18 +512,28 @@ def _install_hooks(
             engine.mark_ready(i)
 
         handles.append(p.register_post_accumulate_grad_hook(on_grad))  # type: ignore[no-untyped-call]
-    for mod_name, module in model.named_modules():
-        own = [index[id(p)] for p in module.parameters(recurse=False) if id(p) in index]
-        if not own:
-            continue
-        what = f"forward of {mod_name or type(module).__name__!r}"
+    if per_module_waits:
+        for mod_name, sub in module.named_modules():
+            own = [index[id(p)] for p in sub.parameters(recurse=False) if id(p) in index]
+            if not own:
+                continue
+            what = f"forward of {mod_name or type(sub).__name__!r}"
 
-        def pre_forward(
-            _m: torch.nn.Module, _args: Any, own: list[int] = own, what: str = what
-        ) -> None:
-            engine.wait_updated(own, what)
+            def pre_forward(
+                _m: torch.nn.Module, _args: Any, own: list[int] = own, what: str = what
+            ) -> None:
+                engine.wait_updated(own, what)
 
-        handles.append(module.register_forward_pre_hook(pre_forward))
+            handles.append(sub.register_forward_pre_hook(pre_forward))
+    elif not engine.sync:
+        # A compiled module: one wait outside its graph, before it runs (a hook inside would
+        # break the graph), for every parameter's update.
+        def pre_forward_all(_m: torch.nn.Module, _args: Any) -> None:
+            engine.wait_updated(range(len(params)), "forward of the compiled model")
+
+        handles.append(model.register_forward_pre_hook(pre_forward_all))
+    if buffers_from is not None:
+        handles.extend(_buffer_hooks(engine, model, module, buffers_from))
 
     def before_state_dict(*_: Any) -> None:
         if not engine.iteration_open():
@@ -403,6 +541,32 @@ def _install_hooks(
 
     handles.append(model.register_state_dict_pre_hook(before_state_dict))  # type: ignore[no-untyped-call]
     return handles
+
+
+def _buffer_hooks(
+    engine: Engine, model: torch.nn.Module, module: torch.nn.Module, backend: Backend
+) -> list[Any]:
+    """DDP's ``broadcast_buffers=True``, to the same forwards: rank 0's buffers are copied at
+    the start of a forward when the previous forward ran with gradients enabled and outside
+    ``no_sync()`` (the first forward too); DDP's flag ``require_forward_param_sync``."""
+    due = [True]
+
+    def pre(_m: torch.nn.Module, _args: Any) -> None:
+        buffers = list(module.buffers())
+        if due[0] and buffers:
+            # As DDP: the copy is not an in-place change autograd should see.
+            with (
+                torch.no_grad(),
+                torch.autograd._unsafe_preserve_version_counter(  # type: ignore[attr-defined]
+                    tuple(buffers)
+                ),
+            ):
+                backend.broadcast_from_rank0(buffers, "pace.buffers")
+
+    def post(_m: torch.nn.Module, _args: Any, _out: Any) -> None:
+        due[0] = torch.is_grad_enabled() and not engine.accumulating
+
+    return [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
 
 
 def _horovod_fallback(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Any:
