@@ -142,6 +142,7 @@ class PaceOptimizer(torch.optim.Optimizer):
     _pace_handles: list[Any]
     _pace_plan: ReplayPlan
     _pace_infos: list[ParamInfo]
+    _step_supports_amp_scaling: bool
 
     # --- the usual contracts -----------------------------------------------------------------
 
