@@ -517,9 +517,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     # compute runs slower than in the profile. The `local` variant measures by
                     # how much; the adjusted prediction replays with compute stretched by that.
                     scale = statistics.median(measured["local"]) * 1e3 / pred["local"]
-                    adj = predictions_ms(
-                        trace, result.schedule, sync, backend, compute_scale=scale
-                    )
+                    adj = predictions_ms(trace, result.schedule, sync, backend, compute_scale=scale)
                     _say(f"    compute in the run / in the profile: {scale:.3f}")
                     for variant, periods in measured.items():
                         q = statistics.quantiles(periods, n=4) if len(periods) > 1 else [0, 0, 0]
