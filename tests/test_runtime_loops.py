@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.worker_output import marked_results
+from tests.worker_output import free_port, marked_results, worker_env
 
 pytest.importorskip("torch")
 
@@ -118,27 +117,12 @@ class Launch:
         )
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
-
-
 def _launch(cmd: list[str], timeout_s: float = LAUNCH_TIMEOUT_S) -> Launch:
     """Run a launcher to the end (or kill its whole process group after ``timeout_s``)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(
         cmd,
-        env=_env(),
+        env=worker_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -163,7 +147,7 @@ def _launch(cmd: list[str], timeout_s: float = LAUNCH_TIMEOUT_S) -> Launch:
 
 
 def _torchrun(*args: str) -> list[str]:
-    cmd = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(_free_port())]
+    cmd = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port())]
     return [*cmd, str(WORKER), "--backend", "torch", *args]
 
 

@@ -8,9 +8,7 @@ random delays in hooks/dispatch/completion, the fallback); each test asserts on 
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.worker_output import marked_results
+from tests.worker_output import free_port, marked_results, worker_env
 
 pytest.importorskip("torch")
 
@@ -47,20 +45,13 @@ def _schedule(tmp: Path) -> Path:
     return path
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def _results(stdout: str) -> dict[tuple[str, int], dict[str, Any]]:
     return {(r["config"], r["rank"]): r for r in marked_results(stdout, "PACE_RESULT ")}
 
 
 def _run(cmd: list[str], timeout_s: float) -> dict[tuple[str, int], dict[str, Any]]:
     proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout_s, env=_env(), check=False
+        cmd, capture_output=True, text=True, timeout=timeout_s, env=worker_env(), check=False
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return _results(proc.stdout)
@@ -69,7 +60,7 @@ def _run(cmd: list[str], timeout_s: float) -> dict[tuple[str, int], dict[str, An
 @pytest.fixture(scope="module")
 def torch_results(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Any]:
     path = _schedule(tmp_path_factory.mktemp("torchrun"))
-    cmd = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(_free_port())]
+    cmd = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port())]
     cmd += [str(WORKER), "--backend", "torch", "--schedule", str(path)]
     cmd += ["--configs", CONFIGS["torch"], "--steps", str(STEPS)]
     return _run(cmd, 240)
@@ -84,14 +75,6 @@ def horovod_results(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str,
     cmd += ["--backend", "horovod", "--schedule", str(path)]
     cmd += ["--configs", CONFIGS["horovod"], "--steps", str(STEPS)]
     return _run(cmd, 300)
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
 
 
 def _check(results: dict[tuple[str, int], Any], config: str) -> None:
@@ -175,10 +158,10 @@ def test_torch_random_delays_same_result_no_deadlock(
 def test_a_dying_rank_surfaces_as_an_error_on_the_other(tmp_path: Path, config: str) -> None:
     """Rank 1 crashes at step 20; rank 0 must raise (naming itself and the unit), not hang."""
     path = _schedule(tmp_path)
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in (0, 1):
-        env = _env()
+        env = worker_env()
         env.update(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
