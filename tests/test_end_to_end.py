@@ -19,7 +19,8 @@ from pace.compiler import compile_trace  # noqa: E402
 from pace.io import load_schedule, save_schedule  # noqa: E402
 from pace.ir import CommModel  # noqa: E402
 from pace.verify import verify_schedule  # noqa: E402
-from tests.test_runtime_multiprocess import BIN, WORKER, _check, _free_port, _run  # noqa: E402
+from tests.test_runtime_multiprocess import BIN, WORKER, _check, _run  # noqa: E402
+from tests.worker_output import free_port  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.torch]
 
@@ -52,7 +53,7 @@ def test_profiled_and_compiled_schedule_trains_bitwise_like_ddp(tmp_path: Path) 
     save_schedule(result.schedule, path)
     verify_schedule(load_schedule(path), trace, where=str(path))
 
-    cmd = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(_free_port())]
+    cmd = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port())]
     cmd += [str(WORKER), "--backend", "torch", "--schedule", str(path)]
     cmd += ["--configs", "sgd,adam", "--steps", "30"]
     results = _run(cmd, 240)

@@ -7,6 +7,8 @@ Modules (each importable without torch, pulp or scipy, so the runtime can keep t
   trace (per-phase compute scale, refitted alpha/beta), median over a window;
 * ``trigger``: AutoByte-style hysteresis (10% deviation for K iterations to re-estimate, 5% gain
   to switch, cool-down);
+* ``loop``: what ``pace.runtime.wrap(..., drift=True)`` runs: the monitor, rank 0's controller
+  and the switch protocol at every iteration boundary, with a log line per decision;
 * ``replan``: background recompile, rank 0's controller, and the broadcast protocol that makes
   every rank switch at the same iteration boundary;
 * ``tune``: Bayesian optimisation of the ByteScheduler and Horovod baselines' knobs on the
@@ -25,6 +27,7 @@ from pace.drift.estimate import (
     estimate,
     reestimate,
 )
+from pace.drift.loop import DriftLoop, DriftOptions
 from pace.drift.monitor import Monitor
 from pace.drift.replan import (
     Candidate,
@@ -43,6 +46,8 @@ __all__ = [
     "Candidate",
     "DriftController",
     "DriftEvent",
+    "DriftLoop",
+    "DriftOptions",
     "DriftTrigger",
     "Estimate",
     "EstimateOptions",

@@ -38,7 +38,7 @@ from pace.drift.estimate import (
 )
 from pace.drift.trigger import DriftTrigger, TriggerOptions
 from pace.errors import InputError, PaceError
-from pace.ir import Schedule, Trace
+from pace.ir import Schedule, ScheduleMode, Trace
 
 __all__ = [
     "SWITCH_FORMAT",
@@ -64,12 +64,12 @@ class ReplanError(PaceError):
     """A background recompile failed; the current plan stays in place."""
 
 
-def compile_schedule(trace: Trace) -> Schedule:
+def compile_schedule(trace: Trace, *, mode: ScheduleMode = "overlap") -> Schedule:
     """Default compile: the full pipeline of ``pace.compiler`` on the re-estimated trace."""
     from pace.compiler import compile_trace
 
     # Baselines are for reports; a re-plan needs only the schedule (and is then faster).
-    return compile_trace(trace, baselines=False).schedule
+    return compile_trace(trace, baselines=False, mode=mode).schedule
 
 
 def predict_schedule(trace: Trace, schedule: Schedule) -> float:
@@ -293,6 +293,11 @@ class DriftController(Generic[P]):
         self.events: list[DriftEvent] = []
         self.estimated_trace: Trace = trace
         self._iteration = -1
+
+    @property
+    def observed_us(self) -> float:
+        """Median observed iteration time of the last re-estimation (0 before any)."""
+        return self._observed_us
 
     def step(self, iteration_us: float) -> P | None:
         self._iteration += 1

@@ -56,6 +56,10 @@ class Backend(Protocol):
         thread (the training thread: ordered with the user's own collectives, as DDP's)."""
         ...
 
+    def broadcast_bytes(self, payload: bytes | None) -> bytes:
+        """Rank 0's ``payload`` on every rank (others pass None), from the training thread."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -120,6 +124,10 @@ class HorovodBackend:
                 t.copy_(flat[at : at + t.numel()].view_as(t))
                 at += t.numel()
 
+    def broadcast_bytes(self, payload: bytes | None) -> bytes:
+        out = self._hvd.broadcast_object(payload, root_rank=0, name="pace.drift.switch")
+        return bytes(out) if out else b""
+
     def close(self) -> None:
         """Horovod's lifetime belongs to the user (hvd.shutdown)."""
 
@@ -173,6 +181,13 @@ class TorchBackend:
             self._dist._broadcast_coalesced(  # type: ignore[attr-defined]
                 self._dist.distributed_c10d._get_default_group(), live, _BROADCAST_BUCKET_BYTES, 0
             )
+
+    def broadcast_bytes(self, payload: bytes | None) -> bytes:
+        # The default group, from the training thread: ordered with the user's own collectives
+        # (this runs inside step() or backward(), at the same point on every rank).
+        box: list[Any] = [payload]
+        self._dist.broadcast_object_list(box, src=0)
+        return bytes(box[0]) if box[0] else b""
 
     def close(self) -> None:
         # Best effort at shutdown: the default group may already be destroyed.

@@ -122,6 +122,12 @@ class Engine:
         self._pending_zero: list[bool | None] = [None] * n
         # Inside no_sync(): gradients accumulate locally, nothing is marked or reduced.
         self.accumulating = False
+        # Seconds the training thread spent blocked in wait_updated (forward pre-hooks).
+        self.blocked_s = 0.0
+        # Called on the training thread once an iteration is closed and, in the sync mode, fully
+        # reduced: the drift loop's boundary (the wrapper's step() calls it in the other mode).
+        # Its argument: when the backward pass ended (perf_counter seconds).
+        self.after_close: Callable[[float], None] | None = None
         # Per parameter: (the gradient tensor, its version counter) when it was marked ready.
         # The runtime reduces through an alias with a version counter of its own, so any later
         # change of the version is a change the runtime did not make (clipping, unscale_, ...).
@@ -255,6 +261,7 @@ class Engine:
 
     def _end_of_backward(self) -> None:
         """Sync mode: close the iteration and wait until every gradient is reduced."""
+        backward_end_s = time.perf_counter()
         self.close_iteration()
         with self._cv:
             self._wait_locked(
@@ -262,6 +269,8 @@ class Engine:
                 "backward()",
                 range(len(self.params)),
             )
+        if self.after_close is not None:
+            self.after_close(backward_end_s)
 
     def switch_plan(self, plan: ReplayPlan) -> int:
         """Replay ``plan`` from the next iteration on; returns that iteration's number.
@@ -340,10 +349,14 @@ class Engine:
             )
         if self._error is None and all(updated[i] >= steps for i in indices):
             return
+        t0 = time.perf_counter()
         with self._cv:
             self._wait_locked(
                 lambda: all(self.updated[i] >= self.steps for i in indices), what, indices
             )
+        # Forward time spent waiting for communication, not computing (the drift monitor's
+        # forward compute is the span minus this).
+        self.blocked_s += time.perf_counter() - t0
 
     def iteration_open(self) -> bool:
         """True between the first gradient of an iteration and its step()."""

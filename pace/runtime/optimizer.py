@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import time
 import warnings
 import weakref
 from collections import OrderedDict
@@ -32,6 +33,7 @@ from typing import Any, Literal, cast
 
 import torch
 
+from pace.drift.loop import DriftLoop, DriftOptions
 from pace.errors import InputError, RuntimeReplayError, ScheduleMismatchError
 from pace.ir import Schedule, Trace
 from pace.runtime.backends import Backend, make_backend
@@ -135,6 +137,7 @@ class PaceOptimizer(torch.optim.Optimizer):
     """Methods of the wrapper; ``wrap`` mixes them into a subclass of the optimizer's class."""
 
     _pace_engine: Engine
+    _pace_drift: DriftLoop | None
     _pace_base: type[torch.optim.Optimizer]
     _pace_params: list[torch.nn.Parameter]
     _pace_group_of: list[int]
@@ -180,9 +183,21 @@ class PaceOptimizer(torch.optim.Optimizer):
             )
         for pre in list(self._optimizer_step_pre_hooks.values()):
             pre(self, (), {})
+        backward_end_s = time.perf_counter()
         self._pace_engine.close_iteration()
+        if self._pace_drift is not None:
+            self._pace_after_close(backward_end_s)
         for post in list(self._optimizer_step_post_hooks.values()):
             post(self, (), {})
+
+    def _pace_after_close(self, backward_end_s: float) -> None:
+        """Drift: the iteration just closed on this rank; agree on and install a new plan."""
+        loop = self._pace_drift
+        assert loop is not None
+        loop.monitor.on_backward_end(backward_end_s * 1e6)
+        new = loop.boundary(self._pace_engine.steps - 1, time.perf_counter() * 1e6)
+        if new is not None:
+            self.switch_schedule(new, where="drift re-plan")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._pace_engine.zero_grad(set_to_none)
@@ -234,6 +249,8 @@ class PaceOptimizer(torch.optim.Optimizer):
             h.remove()
         self._pace_handles.clear()
         self._pace_engine.close()
+        if self._pace_drift is not None:
+            self._pace_drift.close()
 
     def switch_schedule(self, schedule: Schedule, *, where: str = "schedule") -> int:
         """Replay ``schedule`` from the next iteration on; returns that iteration's number.
@@ -242,6 +259,14 @@ class PaceOptimizer(torch.optim.Optimizer):
         (``pace.drift``'s switch protocol decides when). The schedule is checked against the
         model first (``ScheduleMismatchError``); a refused schedule leaves the current one on.
         """
+        mode = "sync" if self._pace_engine.sync else "overlap"
+        if schedule.mode != mode:
+            raise ScheduleMismatchError(
+                f"the schedule was compiled for the {schedule.mode} mode but the runtime runs "
+                f"the {mode} mode",
+                where=where,
+                field="mode",
+            )
         plan = plan_from_schedule(schedule, self._pace_infos, where=where)
         at = self._pace_engine.switch_plan(plan)
         self._pace_plan = plan
@@ -316,18 +341,18 @@ def _managed_params(
 
 def _load(
     schedule: str | Path | Schedule, trace: str | Path | Trace | None
-) -> tuple[Schedule, str]:
+) -> tuple[Schedule, str, Trace | None]:
+    """The schedule, the name to blame in errors, and the trace (checked against it) if given."""
     from pace import io
 
+    tr_obj = trace if isinstance(trace, Trace) or trace is None else io.load_trace(trace)
     if isinstance(schedule, Schedule):
-        if trace is not None:
+        if tr_obj is not None:
             from pace.verify import verify_schedule
 
-            tr = trace if isinstance(trace, Trace) else io.load_trace(trace)
-            verify_schedule(schedule, tr, where="schedule")
-        return schedule, "schedule"
-    tr_obj = trace if isinstance(trace, Trace) or trace is None else io.load_trace(trace)
-    return io.load_schedule(schedule, trace=tr_obj), str(schedule)
+            verify_schedule(schedule, tr_obj, where="schedule")
+        return schedule, "schedule", tr_obj
+    return io.load_schedule(schedule, trace=tr_obj), str(schedule), tr_obj
 
 
 def wrap(
@@ -340,6 +365,7 @@ def wrap(
     fallback: bool = False,
     options: RuntimeOptions | None = None,
     monitor: Any = None,
+    drift: bool | DriftOptions = False,
     **knobs: Any,
 ) -> torch.optim.Optimizer:
     """Replay ``schedule`` for ``model``'s gradients; returns the optimizer to train with.
@@ -355,6 +381,11 @@ def wrap(
     ``monitor``: e.g. a ``pace.drift.Monitor`` over ``pace_param_names``; the runtime calls its
     ``on_grad_ready(index, t_us)`` from the gradient hooks and ``on_unit_done(unit, bytes,
     channel_us)`` from the completion thread (times from ``time.perf_counter``).
+    ``drift``: ``True`` (or a ``pace.drift.DriftOptions``) turns on drift re-planning: the
+    runtime feeds a monitor, rank 0 re-estimates and recompiles in the background when the
+    observed iteration time leaves the predicted band, and every rank switches to an accepted
+    schedule at the same iteration (docs/drift.md). Needs ``trace=`` (the trace the schedule
+    was compiled from). Decisions are logged on the ``pace.drift`` logger.
     ``knobs``: fields of ``RuntimeOptions`` (``credit_bytes=``, ``timeout_s=``, ...).
 
     Must be called on every rank with the same arguments (the torch backend creates a process
@@ -387,12 +418,14 @@ def wrap(
     want_mode = "sync" if options.sync else "overlap"
 
     mode: Literal["replay", "online"] = "replay"
+    loaded: Schedule | None = None
+    trace_obj: Trace | None = None
     if schedule is None:
         plan = partition_params(infos, options.partition_bytes)
         mode = "online"
     else:
         try:
-            loaded, where = _load(schedule, trace)
+            loaded, where, trace_obj = _load(schedule, trace)
             if loaded.mode != want_mode:
                 raise ScheduleMismatchError(
                     f"the schedule was compiled for the {loaded.mode} mode but the runtime runs "
@@ -415,12 +448,37 @@ def wrap(
                 return cast(torch.optim.Optimizer, _horovod_fallback(optimizer, model))
             plan = wfbp_plan(infos)
 
+    if drift is not False and (schedule is None or plan.source == "wfbp"):
+        raise InputError(
+            "drift re-planning needs a compiled schedule to re-plan (not the online mode or "
+            "the fallback)",
+            where="drift",
+        )
+    if drift is not False and trace_obj is None:
+        raise InputError(
+            "drift=True needs trace= (the trace the schedule was compiled from): the re-estimate "
+            "scales its op durations and refits its link",
+            where="drift",
+        )
+    if drift is not False and monitor is not None:
+        raise InputError("pass either monitor= or drift=, not both", where="drift")
     be = make_backend(backend)
     reporter = Reporter(torch_board() if backend == "torch" else horovod_board(), be.rank, be.size)
     reporter.install_excepthook()
     # As DDP's constructor (and Horovod's documented broadcast_parameters): every rank starts
     # from rank 0's parameters and buffers.
     _broadcast_state(be, module)
+    loop: DriftLoop | None = None
+    if drift is not False and loaded is not None and trace_obj is not None:
+        loop = DriftLoop(
+            trace=trace_obj,
+            schedule=loaded,
+            param_names=tuple(names),
+            rank=be.rank,
+            broadcast_bytes=be.broadcast_bytes,
+            options=drift if isinstance(drift, DriftOptions) else DriftOptions(),
+        )
+        monitor = loop.monitor
     base = type(optimizer)
     cls = cast(
         "type[PaceOptimizer]",
@@ -467,6 +525,9 @@ def wrap(
         reporter=reporter,
     )
     wrapped._pace_engine = engine
+    wrapped._pace_drift = loop
+    if loop is not None and options.sync:
+        engine.after_close = wrapped._pace_after_close
     # GradScaler.step(opt) then calls opt.step(grad_scaler=...), which the overlapped mode
     # refuses; in the sync mode GradScaler unscales and steps as usual.
     wrapped._step_supports_amp_scaling = not options.sync
@@ -481,11 +542,40 @@ def wrap(
         per_module_waits=not options.sync and not compiled,
         buffers_from=be if sync_buffers else None,
     )
+    if loop is not None:
+        wrapped._pace_handles.extend(_monitor_hooks(engine, model, loop))
     # Threads must stop even if the user never calls close(): at collection or at exit (then
     # without waiting long for a collective that a dead peer will never finish).
-    finalizer = weakref.finalize(wrapped, engine.close, 2.0)
+    finalizer = weakref.finalize(wrapped, _close_all, engine, loop)
     atexit.register(finalizer)
     return wrapped
+
+
+def _close_all(engine: Engine, loop: DriftLoop | None) -> None:
+    engine.close(2.0)
+    if loop is not None:
+        loop.close()
+
+
+def _monitor_hooks(engine: Engine, model: torch.nn.Module, loop: DriftLoop) -> list[Any]:
+    """The drift monitor's forward and backward spans, from the training forward's ends."""
+    started = [0.0, 0.0]  # perf_counter at the forward's start, blocked seconds then
+
+    def pre(_m: torch.nn.Module, _args: Any) -> None:
+        if torch.is_grad_enabled() and not engine.accumulating:
+            started[0] = time.perf_counter()
+            started[1] = engine.blocked_s
+
+    def post(_m: torch.nn.Module, _args: Any, _out: Any) -> None:
+        if torch.is_grad_enabled() and not engine.accumulating and started[0]:
+            now = time.perf_counter()
+            blocked = engine.blocked_s - started[1]
+            loop.monitor.on_forward_compute(max(0.0, now - started[0] - blocked) * 1e6)
+            # The backward pass starts right after the forward (the loss is negligible).
+            loop.monitor.on_backward_start(now * 1e6)
+            started[0] = 0.0
+
+    return [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
 
 
 def _broadcast_state(backend: Backend, module: torch.nn.Module) -> None:
