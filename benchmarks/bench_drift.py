@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pace.drift.scenario import (  # noqa: E402
+from benchmarks.drift_scenario import (  # noqa: E402
     ScenarioOptions,
     ScenarioResult,
     balance_compute,

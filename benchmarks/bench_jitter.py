@@ -23,7 +23,7 @@ judged on worlds it never saw). Policies, side by side, in one process:
 Cases: the shipped traces at ``--speedups`` x faster compute on a 10 Gbps ring of 8 workers
 (``pace.compiler.apply_what_if``), and random traces ``random_trace(seed=s, n_layers=20,
 tensors_per_layer=(1, 3), alpha_us=30)`` with compute scaled to 1.5x communication
-(``pace.drift.scenario.balance_compute``; seed 4 is the fragile trace of ``docs/drift.md``).
+(``benchmarks.drift_scenario.balance_compute``; seed 4 is the fragile trace of ``docs/drift.md``).
 Times in ms (simulator replay, docs/schedule-format.md semantics). The jitter is on computation
 only.
 """
@@ -36,6 +36,7 @@ import functools
 import math
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,13 +44,17 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from pace.compiler import apply_what_if, compile_trace
-from pace.drift.scenario import balance_compute
-from pace.io import load_trace
-from pace.ir import Trace
-from pace.lp import ROBUST_TOLERANCE
-from pace.sim import POLICIES, schedule_policy, simulate
-from pace.synth import random_trace
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+
+from benchmarks.drift_scenario import balance_compute  # noqa: E402
+from pace.compiler import apply_what_if, compile_trace  # noqa: E402
+from pace.io import load_trace  # noqa: E402
+from pace.ir import Trace  # noqa: E402
+from pace.lp import ROBUST_TOLERANCE  # noqa: E402
+from pace.sim import POLICIES, schedule_policy, simulate  # noqa: E402
+from pace.synth import random_trace  # noqa: E402
 
 SHIPPED = ("vgg16", "resnet50", "transformer", "lstm_seq2seq")
 

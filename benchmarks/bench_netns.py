@@ -143,8 +143,8 @@ def set_rate(link: Link, rate: str) -> None:
 # --------------------------------------------------------------------------- launching ranks
 
 
-def _rank_cmd(link: Link, rank: int, argv: Sequence[str]) -> list[str]:
-    return ["ip", "netns", "exec", link.ns[rank], sys.executable, __file__, *argv]
+def _rank_cmd(link: Link, rank: int, argv: Sequence[str], script: str = __file__) -> list[str]:
+    return ["ip", "netns", "exec", link.ns[rank], sys.executable, script, *argv]
 
 
 def _base_env() -> dict[str, str]:
@@ -157,9 +157,15 @@ def _base_env() -> dict[str, str]:
 
 
 def launch(
-    link: Link, backend: str, argv: Sequence[str], extra_env: dict[str, str] | None = None
+    link: Link,
+    backend: str,
+    argv: Sequence[str],
+    extra_env: dict[str, str] | None = None,
+    *,
+    script: str = __file__,
 ) -> None:
-    """Run ``argv`` (this script's worker role) as 2 ranks, one per namespace."""
+    """Run ``script argv`` (this script's worker role by default) as 2 ranks, one per namespace
+    (``script`` other than this one: torch backend only)."""
     env = _base_env() | (extra_env or {})
     if backend == "horovod":
         # Horovod's gloo rendezvous server must be reachable by both ranks: a small driver
@@ -177,7 +183,7 @@ def launch(
             "WORLD_SIZE": "2",
             "GLOO_SOCKET_IFNAME": link.dev[r],
         }
-        procs.append(subprocess.Popen(_rank_cmd(link, r, argv), env=renv))
+        procs.append(subprocess.Popen(_rank_cmd(link, r, argv, script), env=renv))
     _wait_all(procs)
 
 

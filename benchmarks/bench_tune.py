@@ -17,9 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.drift_scenario import balance_compute  # noqa: E402
+from benchmarks.drift_tune import tune  # noqa: E402
 from pace.compiler import compile_trace  # noqa: E402
-from pace.drift.scenario import balance_compute  # noqa: E402
-from pace.drift.tune import tune  # noqa: E402
 from pace.io import load_trace  # noqa: E402
 from pace.sim import simulate  # noqa: E402
 

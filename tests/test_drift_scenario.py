@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pace.drift.scenario import ScenarioOptions, balance_compute, run_scenario
+from benchmarks.drift_scenario import ScenarioOptions, balance_compute, run_scenario
 from pace.ir import Trace
 from pace.synth import random_trace
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pace.drift.tune import (
+from benchmarks.drift_tune import (
     BYTESCHEDULER_SPACE,
     Knob,
     bayes_minimize,
@@ -58,7 +58,7 @@ def test_bytescheduler_knobs_reach_the_simulator() -> None:
     knobs = {"partition_bytes": 64 * 1024.0, "credit_units": 2.0}
     res = simulate(trace, "fifo")  # sanity: the simulator itself runs on this trace
     assert res.iteration_us > 0
-    from pace.drift.tune import knob_policy
+    from benchmarks.drift_tune import knob_policy
 
     pol = knob_policy("bytescheduler", knobs)
     sim = simulate(trace, pol)

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.drift_scenario import balance_compute
 from pace.cli import main
 from pace.compiler import compile_trace
-from pace.drift.scenario import balance_compute
 from pace.io import load_schedule, save_trace
 from pace.ir import Trace
 from pace.lp import (

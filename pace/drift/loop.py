@@ -128,18 +128,24 @@ class DriftLoop:
         self._events_logged = 0
         self._started = False
         self.switched_at: list[int] = []
+        """Iterations (the first run with the new schedule) at which this rank switched."""
+        self.decisions: list[tuple[int, DriftEvent]] = []
+        """Rank 0: each controller event with the runtime's iteration it happened at."""
 
     # -- monitor feed (training thread, from the runtime's hooks) --------------------------
 
-    def start(self, now_us: float) -> None:
-        if not self._started:
+    def boundary(self, iteration: int, now_us: float) -> Schedule | None:
+        """Iteration ``iteration`` is closed on this rank; maybe the schedule of the next one.
+
+        Iteration times run from one boundary to the next, so the first boundary only starts
+        the clock (the first iteration also carries start-up costs).
+        """
+        if self._started:
+            iteration_us = self.monitor.on_iteration_end(now_us)
+        else:
             self._started = True
             self.monitor.on_iteration_start(now_us)
-
-    def boundary(self, iteration: int, now_us: float) -> Schedule | None:
-        """Iteration ``iteration`` is closed on this rank; maybe the schedule of the next one."""
-        self.start(now_us)
-        iteration_us = self.monitor.on_iteration_end(now_us)
+            iteration_us = math.nan
         ctl = self.controller
         if ctl is not None and math.isfinite(iteration_us):
             accepted = ctl.step(iteration_us)
@@ -158,6 +164,7 @@ class DriftLoop:
 
     def _log_events(self, ctl: DriftController[Schedule], iteration: int) -> None:
         for event in ctl.events[self._events_logged :]:
+            self.decisions.append((iteration, event))
             self._log(event, ctl, iteration)
         self._events_logged = len(ctl.events)
 

@@ -5,7 +5,8 @@ later, more urgent gradient is released. If that gradient is ready a hair late, 
 work-conserving replay starts the next (large) piece of the preempted job, and the urgent one
 waits behind it — head-of-line blocking. The robust selection in :func:`pace.lp.schedule` scores
 candidates by their mean replay over a few jittered copies of the trace (every op duration times
-an independent lognormal factor, fixed seed) and keeps the nominal guarantees by only choosing
+an independent lognormal factor, fixed seed: ``pace.jitter.JitterModel(op_sd=...)``, the model
+drift re-planning also judges switches with) and keeps the nominal guarantees by only choosing
 among candidates whose nominal replay is within a small tolerance of the best.
 
 By Lemma 1 the channel's behaviour depends only on when tensors are produced, so a jittered world
@@ -25,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pace.ir import CommModel, Trace, Unit
+from pace.jitter import JitterModel
 
 __all__ = [
     "ROBUST_SAMPLES",
@@ -115,9 +117,9 @@ def _compute(trace: Trace, *, samples: int, sd: float, seed: int) -> JitterWorld
             indeg[s] -= 1
             if indeg[s] == 0:
                 order.append(s)
-    rng = np.random.default_rng(seed)
     base = np.fromiter((op.duration_us for op in trace.ops), dtype=np.float64, count=n_ops)
-    dur = base[:, None] * rng.lognormal(0.0, sd, size=(n_ops, samples))
+    # The project's one jitter model (pace.jitter), per-op factors only.
+    dur = base[:, None] * JitterModel(op_sd=sd, samples=samples, seed=seed).op_factors(trace)
     finish = np.zeros((n_ops, samples))
     zero = np.zeros(samples)
     for v in order:

@@ -192,9 +192,7 @@ def main() -> int:
                 ),
                 switched_at=loop.switched_at,
                 units=len(opt.pace_plan.units),
-                events=[(e.iteration, e.kind) for e in loop.controller.events]
-                if loop.controller is not None
-                else [],
+                events=[(it, e.kind) for it, e in loop.decisions],
                 log=list(lines.lines),
                 stats_files=len(stats),
                 stats_iterations=len(ObservedStats.load(str(stats[0])).iterations) if stats else 0,

@@ -291,9 +291,9 @@ def run_scenario(
     progress: Callable[[int], None] | None = None,
 ) -> ScenarioResult:
     """Run every system in ``systems`` through the same jittered drift scenario."""
+    from benchmarks.drift_tune import default_knobs, knob_policy, simulate_knobs, tune
     from pace.compiler import compile_trace
     from pace.drift.replan import compile_schedule, predict_schedule
-    from pace.drift.tune import default_knobs, knob_policy, simulate_knobs, tune
     from pace.sim import schedule_policy
 
     opts = options if options is not None else ScenarioOptions()
