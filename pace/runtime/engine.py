@@ -30,7 +30,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, Protocol
 
 import torch
 
@@ -50,6 +50,15 @@ _ENGINE_IDS = itertools.count()
 Unused = Literal["ddp", "zero"]
 # Called with (parameter indices whose gradient is fully reduced, iteration).
 Updater = Callable[[tuple[int, ...], int], None]
+
+
+class RuntimeMonitor(Protocol):
+    """What the runtime reports as it runs (``pace.drift.Monitor`` is one): gradient-ready
+    times from the hooks, and each unit's channel time from the completion thread."""
+
+    def on_grad_ready(self, tensor: int, t_us: float) -> None: ...
+
+    def on_unit_done(self, unit_index: int, size_bytes: int, duration_us: float) -> None: ...
 
 
 @dataclass(kw_only=True, slots=True)
@@ -87,7 +96,7 @@ class Engine:
         timeout_s: float,
         inject_delay_s: float = 0.0,
         seed: int = 0,
-        monitor: Any = None,
+        monitor: RuntimeMonitor | None = None,
         sync: bool = False,
         unused: Unused = "zero",
         reporter: Reporter | None = None,

@@ -37,7 +37,7 @@ from pace.drift.loop import DriftLoop, DriftOptions
 from pace.errors import InputError, RuntimeReplayError, ScheduleMismatchError
 from pace.ir import Schedule, Trace
 from pace.runtime.backends import Backend, make_backend
-from pace.runtime.engine import Engine, zero_param_grad
+from pace.runtime.engine import Engine, RuntimeMonitor, zero_param_grad
 from pace.runtime.failures import Reporter, horovod_board, torch_board
 from pace.runtime.plan import (
     ParamInfo,
@@ -364,7 +364,7 @@ def wrap(
     trace: str | Path | Trace | None = None,
     fallback: bool = False,
     options: RuntimeOptions | None = None,
-    monitor: Any = None,
+    monitor: RuntimeMonitor | None = None,
     drift: bool | DriftOptions = False,
     **knobs: Any,
 ) -> torch.optim.Optimizer:
