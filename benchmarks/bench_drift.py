@@ -22,6 +22,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import time
@@ -37,7 +38,7 @@ from benchmarks.drift_scenario import (  # noqa: E402
     balance_compute,
     run_scenario,
 )
-from pace.io import load_trace  # noqa: E402
+from pace.io import load_trace, write_atomic  # noqa: E402
 
 DEFAULT_TRACES = ("traces/resnet50.json.gz", "traces/transformer.json.gz")
 
@@ -98,7 +99,9 @@ def plot(results: list[tuple[str, ScenarioResult]], path: Path) -> None:
     fig.legend(handles, labels, fontsize=8, ncol=5, loc="lower center")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
+    write_atomic(path, png.getvalue())  # a reader never sees half a figure
 
 
 def main() -> int:
@@ -157,7 +160,7 @@ def main() -> int:
         plot(plotted, args.plot)
         print(f"plot: {args.plot}")
     if args.json:
-        args.json.write_text(json.dumps(dump))
+        write_atomic(args.json, json.dumps(dump).encode())
     return 0
 
 

@@ -23,6 +23,7 @@ default 50 us, not a measurement of the paper's cluster), the knob on which fusi
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -40,6 +41,7 @@ from benchmarks._common import (
     load_shipped,
 )
 from pace.compiler import compile_trace
+from pace.io import write_atomic
 from pace.ir import Trace
 
 BANDWIDTHS_GBPS: tuple[float, ...] = (1.0, 5.0, 10.0, 25.0, 100.0)
@@ -489,8 +491,10 @@ def plot(points: Sequence[Point], out_dir: Path, *, note: str = "", suffix: str 
                 out_dir
                 / f"sweep_{key}_{'calibrated' if scale == CALIBRATED else 'x' + scale}{suffix}.png"
             )
-            fig.savefig(path, dpi=100)
+            png = io.BytesIO()
+            fig.savefig(png, dpi=100, format="png")
             plt.close(fig)
+            write_atomic(path, png.getvalue())  # a reader never sees half a figure
             written.append(path)
     return written
 

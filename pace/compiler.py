@@ -249,7 +249,12 @@ def compile_trace(
     base: dict[str, float] = {}
     if baselines:
         t = time.perf_counter()
-        base = {name: float(res.iteration_us) for name, res in compare(compiled).items()}
+        skipped: dict[str, str] = {}
+        base = {
+            name: float(res.iteration_us)
+            for name, res in compare(compiled, skipped=skipped).items()
+        }
+        warnings.extend(f"baseline {name!r} not replayed: {why}" for name, why in skipped.items())
         stages["baselines"] = time.perf_counter() - t
         beaten = {n: us for n, us in base.items() if us < sched.predicted_iteration_us}
         if beaten and robust_on:

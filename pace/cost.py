@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pace.errors import InputError
+from pace.io import MAX_BETA_US_PER_BYTE, MAX_DURATION_US, MAX_TENSOR_BYTES, MIN_NONZERO_US
 from pace.ir import CommModel
 
 BYTES_PER_US_PER_GBPS = 1e9 / 8 / 1e6  # 1 Gbit/s = 125 bytes per microsecond
@@ -179,6 +180,14 @@ def fit_linear(
             )
         if us < 0:
             raise InputError(f"us must be >= 0, got {us!r}", where="samples", field=f"[{i}]")
+        # The trace bounds (pace.io): a subnormal time would make the 1/us weight infinite.
+        if b > MAX_TENSOR_BYTES or us > MAX_DURATION_US or 0 < us < MIN_NONZERO_US:
+            raise InputError(
+                f"must be bytes <= {MAX_TENSOR_BYTES} and us 0 or in [{MIN_NONZERO_US:g}, "
+                f"{MAX_DURATION_US:g}], got {pt!r}",
+                where="samples",
+                field=f"[{i}]",
+            )
         pts.append((b, float(us)))
     if len({b for b, _ in pts}) < 2:
         raise InputError("need samples at two or more distinct sizes to fit", where="samples")
@@ -189,9 +198,18 @@ def fit_linear(
     # Scale the bytes column so both unknowns are of similar magnitude (conditioning).
     x_scale = float(np.max(x)) or 1.0
     design = np.column_stack([np.ones_like(x), x / x_scale]) * weight[:, None]
-    result = lsq_linear(design, y * weight, bounds=(0.0, np.inf), method="bvls")
+    try:
+        result = lsq_linear(design, y * weight, bounds=(0.0, np.inf), method="bvls")
+    except (np.linalg.LinAlgError, ValueError) as exc:
+        raise InputError(f"cannot fit these samples: {exc}", where="samples") from None
     alpha = float(result.x[0])
     beta = float(result.x[1]) / x_scale
+    if not (alpha <= MAX_DURATION_US and beta <= MAX_BETA_US_PER_BYTE):
+        raise InputError(
+            f"the fit (alpha {alpha:g} us, beta {beta:g} us/byte) is beyond the trace bounds "
+            f"(alpha <= {MAX_DURATION_US:g}, beta <= {MAX_BETA_US_PER_BYTE:g})",
+            where="samples",
+        )
 
     pred = alpha + beta * x
     ss_res = float(np.sum((y - pred) ** 2))

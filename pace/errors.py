@@ -7,6 +7,14 @@ bad input -> exit 2 with one line naming the file and the field; anything else i
 from __future__ import annotations
 
 
+def printable(text: str) -> str:
+    """``text`` with every unprintable character escaped as Python would (``\\n``,
+    ``\\x1b``, ``\\ud800``), so that it prints as one line in any encoding."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class PaceError(Exception):
     """Base of every error pace raises on purpose."""
 
@@ -22,7 +30,8 @@ class InputError(PaceError, ValueError):
         self.where = where
         self.field = field
         self.detail = message
-        parts = [p for p in (where, field, message) if p]
+        # Names come from files: a newline or a terminal escape in one must not break the line.
+        parts = [printable(p) for p in (where, field, message) if p]
         super().__init__(": ".join(parts))
 
     def located(self, where: str) -> InputError:
@@ -34,6 +43,12 @@ class InputError(PaceError, ValueError):
 
 class ScheduleMismatchError(InputError):
     """A schedule does not belong to the trace or model it is used with."""
+
+
+class LimitError(InputError):
+    """Valid input whose replay would exceed a documented work limit (P3's 160 KiB slices of a
+    200 GiB trace are more units than the simulator replays); callers that run every baseline
+    leave that one out with a warning instead of failing."""
 
 
 class SolverError(PaceError):

@@ -14,6 +14,16 @@ Strictness rules (user-facing copy in docs/trace-format.md):
   a profiler bug that produces fractional sizes is caught at the border.
 * Unknown keys are ignored at every level, so that a v1 reader accepts files written by a later
   v1-compatible writer that adds fields. They are not kept: ``save(load(f))`` drops them.
+* Numbers must fit the domain (the bounds below, user-facing copy in docs/trace-format.md,
+  "Bounds"): every JSON integer fits in 64 bits, sizes, durations, costs and counts have upper
+  bounds, so that no later stage can overflow, divide into NaN or loop for ever on a number a
+  file made up. Strings must be valid Unicode (no lone surrogate escapes such as ``"\\ud800"``,
+  which Python accepts but can neither print nor write back as UTF-8).
+* Only regular files are read (a FIFO would block, ``/dev/zero`` never ends), and at most
+  ``MAX_FILE_BYTES`` of JSON text, also after gunzip.
+
+Every file is written atomically (``write_atomic``): a reader, or a training job starting at that
+moment, sees the old file or the new one, never a truncated mix.
 
 ``load_trace`` and ``load_schedule`` also run the structural checks of ``pace.verify`` (names,
 references, cycles, Lemma 1, coverage), so every stage receives a checked object.
@@ -23,14 +33,19 @@ references, cycles, Lemma 1, coverage), so every stage receives a checked object
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import io
 import json
 import math
 import os
+import re
+import secrets
+import stat
 import zlib
 from collections.abc import Callable, Mapping
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from pace.errors import InputError
@@ -56,6 +71,61 @@ _GZIP_MAGIC = b"\x1f\x8b"
 PathLike = str | os.PathLike[str]
 T = TypeVar("T")
 
+# ---------------------------------------------------------------------------------------------
+# Bounds of the domain (docs/trace-format.md, "Bounds"). Generous for any real training job, yet
+# small enough that every sum and product the stages compute stays exact or finite: 2**20 tensors
+# of 2**48 bytes would overflow numpy's int64, a 1e308 us duration turns sums into inf and
+# differences into NaN, and P3/ByteScheduler loop over 2**70 bytes of partitions for ever.
+
+MAX_FILE_BYTES = 2**28
+"""256 MiB of JSON text (after gunzip): a 50,000-op trace takes 6 MB."""
+MAX_JSON_INT = 2**63 - 1
+"""Every JSON integer, anywhere (``meta`` included): what 64-bit readers in other languages can
+hold; Python itself refuses to convert literals of more than 4,300 digits."""
+MAX_ITEMS = 2**20
+"""ops, tensors, units and comm samples: at most this many each (a large transformer profiled
+per kernel has about 10**5 ops)."""
+MAX_SLICES = 2**22
+"""slices of all units of a schedule together."""
+MAX_TENSOR_BYTES = 2**48
+"""256 TiB: bound on one tensor and on all tensors of a trace together (64 trillion fp32
+parameters; no data-parallel worker holds a gradient anywhere near this)."""
+MAX_DURATION_US = 86_400e6
+"""One day in microseconds: bound on an op's duration, ``alpha_us`` and a sample's time; a
+training iteration window is seconds."""
+MIN_NONZERO_US = 1e-100
+"""A nonzero duration, ``alpha_us`` or sample time is at least this: far below any physical time,
+yet the ratio of a day to it stays finite (a day over 1e-300 us, or a subnormal, is ``inf``), and
+above a least-squares fit's numerical zero (1e-16), which pace writes into files itself."""
+MAX_BETA_US_PER_BYTE = 1e6
+"""One byte per second: slower than any link a gradient was ever all-reduced over."""
+MIN_NONZERO_BETA_US_PER_BYTE = 1e-100
+"""The same floor for a nonzero per-byte cost."""
+MAX_WORKERS = 2**20
+"""A million workers: beyond the largest clusters built."""
+_WHY_BYTES = "2**48 bytes, 256 TiB"
+_WHY_WORKERS = "2**20 workers"
+
+
+@dataclass(frozen=True)
+class _Range:
+    """Bounds of a nonnegative number field: at most ``most``, and 0 or at least ``least``."""
+
+    most: float
+    why: str
+    least: float = 0.0
+    least_why: str = ""
+
+
+_TINY = "smaller is no time: a day divided by it overflows"
+_US = _Range(MAX_DURATION_US, "one day in us", MIN_NONZERO_US, _TINY)
+_BETA = _Range(MAX_BETA_US_PER_BYTE, "one byte per second", MIN_NONZERO_BETA_US_PER_BYTE, _TINY)
+
+MIN_COMPUTE_SPEEDUP = 1e-3
+MAX_COMPUTE_SPEEDUP = 1e6
+"""``--compute-speedup`` and a schedule's ``meta.compute_speedup``: from 1000x slower to a million
+times faster than profiled (CPU profiles are replayed 10x to 100x faster in the docs)."""
+
 
 # ---------------------------------------------------------------------------------------------
 # Raw JSON
@@ -67,13 +137,31 @@ class _DupKeyDict(dict[str, Any]):
     dup_key: str = ""
 
 
+class _BadInt:
+    """Stands in for an integer literal beyond 64 bits until ``_find_bad`` names its path."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
 class _Flags:
     def __init__(self) -> None:
         self.bad = False
 
 
+# A JSON escape of a UTF-16 surrogate; only a lone one survives decoding (a pair becomes one
+# character), so this only decides whether the slower walk looking for one is needed.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# Longest 64-bit integer literal: "-9223372036854775808".
+_MAX_INT_CHARS = 20
+
+
 def _decode(text: str, where: str) -> Any:
     flags = _Flags()
+    flags.bad = _SURROGATE_ESCAPE.search(text) is not None
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         obj = dict(items)
@@ -97,6 +185,15 @@ def _decode(text: str, where: str) -> Any:
             flags.bad = True
         return x
 
+    def parse_int(s: str) -> int | _BadInt:
+        # Checked on the text first: int() of a literal over 4,300 digits raises ValueError.
+        if len(s) <= _MAX_INT_CHARS:
+            v = int(s)
+            if -MAX_JSON_INT - 1 <= v <= MAX_JSON_INT:
+                return v
+        flags.bad = True
+        return _BadInt(s)
+
     def parse_constant(s: str) -> float:
         flags.bad = True
         return float(s)
@@ -106,6 +203,7 @@ def _decode(text: str, where: str) -> Any:
             text,
             object_pairs_hook=pairs,
             parse_float=parse_float,
+            parse_int=parse_int,
             parse_constant=parse_constant,
         )
     except json.JSONDecodeError as exc:
@@ -118,13 +216,18 @@ def _decode(text: str, where: str) -> Any:
         ) from None
     except RecursionError:
         raise InputError("not valid JSON: nested too deeply", where=where) from None
+    except ValueError as exc:
+        # None known (parse_int keeps int() from its 4,300-digit ValueError); any other stays
+        # an error about the file, not a traceback.
+        raise InputError(f"not valid JSON: {exc}", where=where) from None
     if flags.bad:
         # Found only now so the message can carry the JSON path of the offending value.
         try:
             _find_bad(obj, "", where)
         except RecursionError:
             raise InputError(
-                "not valid JSON: NaN/Infinity or a duplicate key, nested too deeply to locate",
+                "not valid JSON: a number out of range, a lone surrogate or a duplicate key, "
+                "nested too deeply to locate",
                 where=where,
             ) from None
     return obj
@@ -138,34 +241,130 @@ def _join(path: str, key: str) -> str:
 
 
 def _find_bad(obj: Any, path: str, where: str) -> None:
+    field = path or "(top level)"
     if isinstance(obj, float) and not math.isfinite(obj):
         raise InputError(
             "not a valid JSON number: NaN, Infinity and numbers out of float range are refused",
             where=where,
-            field=path or "(top level)",
+            field=field,
         )
-    if isinstance(obj, _DupKeyDict):
-        raise InputError(f"duplicate key {obj.dup_key!r}", where=where, field=path or "(top level)")
+    if isinstance(obj, _BadInt):
+        digits = len(obj.text.lstrip("-"))
+        shown = obj.text if len(obj.text) <= 24 else f"{obj.text[:12]}... ({digits} digits)"
+        raise InputError(
+            f"integer {shown} out of range: JSON integers must fit in 64 bits "
+            f"(magnitude <= {MAX_JSON_INT})",
+            where=where,
+            field=field,
+        )
+    if isinstance(obj, str):
+        _check_unicode(obj, where, field)
+    elif isinstance(obj, _DupKeyDict):
+        raise InputError(f"duplicate key {obj.dup_key!r}", where=where, field=field)
     if isinstance(obj, dict):
         for k, v in obj.items():
+            _check_unicode(k, where, _join(path, k))
             _find_bad(v, _join(path, k), where)
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
             _find_bad(v, f"{path}[{i}]", where)
 
 
-def load_json(path: PathLike) -> dict[str, Any]:
-    """The strict JSON object in file ``path`` (gzip or plain); raises ``InputError``."""
-    where = str(path)
+def _check_unicode(s: str, where: str, field: str) -> None:
+    bad = _SURROGATE.search(s)
+    if bad is not None:
+        raise InputError(
+            f"not valid Unicode: lone surrogate escape \\u{ord(bad.group()):04x} at character "
+            f"{bad.start()} (a name must be text that can be printed and written as UTF-8)",
+            where=where,
+            field=field,
+        )
+
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in _FILE_KINDS:
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def display_path(path: PathLike) -> str:
+    """``path`` as errors name it: an empty name would otherwise vanish from the message."""
+    text = os.fspath(path)
+    return text if text else "''"
+
+
+def _read_regular(path: PathLike, where: str) -> bytes:
+    """The bytes of regular file ``path``, at most ``MAX_FILE_BYTES`` of them.
+
+    Opened non-blocking and checked with ``fstat`` on the open descriptor (no window between a
+    check and the open): a FIFO would block ``read`` until a writer comes, a device such as
+    ``/dev/zero`` never ends.
+    """
+    if not os.fspath(path):
+        raise InputError("empty file name", where=where)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        raw = Path(path).read_bytes()
+        fd = os.open(path, flags)
     except OSError as exc:
         raise InputError(f"cannot read file: {exc.strerror or exc}", where=where) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(
+                f"not a regular file ({_file_kind(st.st_mode)}): give a trace or schedule file",
+                where=where,
+            )
+        if st.st_size > MAX_FILE_BYTES:
+            raise InputError(
+                f"file too large: {st.st_size} bytes, at most {MAX_FILE_BYTES} are read",
+                where=where,
+            )
+        chunks = []
+        left = MAX_FILE_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise InputError(f"cannot read file: {exc.strerror or exc}", where=where) from None
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
+    if len(raw) > MAX_FILE_BYTES:
+        raise InputError(f"file too large: more than {MAX_FILE_BYTES} bytes", where=where)
+    return raw
+
+
+def _gunzip(raw: bytes, where: str) -> bytes:
+    # Bounded: a few KiB of gzip can inflate to gigabytes.
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw), mode="rb") as gz:
+            out = gz.read(MAX_FILE_BYTES + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(f"not a valid gzip file: {exc}", where=where) from None
+    if len(out) > MAX_FILE_BYTES:
+        raise InputError(f"not read: decompresses to more than {MAX_FILE_BYTES} bytes", where=where)
+    return out
+
+
+def load_json(path: PathLike) -> dict[str, Any]:
+    """The strict JSON object in file ``path`` (gzip or plain); raises ``InputError``."""
+    where = display_path(path)
+    raw = _read_regular(path, where)
     if raw.startswith(_GZIP_MAGIC) or where.endswith(".gz"):
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise InputError(f"not a valid gzip file: {exc}", where=where) from None
+        raw = _gunzip(raw, where)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -202,17 +401,89 @@ def _dump(obj: Mapping[str, Any], path: PathLike) -> None:
     # allow_nan=False (in _format): never write a file our own loader would refuse.
     try:
         text = _format(obj)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         # meta is free-form: a caller may have put a non-JSON value (or NaN) in it.
-        raise InputError(f"cannot write as JSON: {exc}", where=str(path)) from None
-    data = text.encode("utf-8")
-    if str(path).endswith(".gz"):
+        raise InputError(f"cannot write as JSON: {exc}", where=display_path(path)) from None
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # A Trace built in Python may carry a lone surrogate; a file never would (see _decode).
+        raise InputError(
+            f"cannot write as UTF-8: {exc.reason} at character {exc.start}",
+            where=display_path(path),
+        ) from None
+    if os.fspath(path).endswith(".gz"):
         # mtime=0: the same trace always gives the same bytes (diffable, cacheable).
         data = gzip.compress(data, mtime=0)
+    write_atomic(path, data)
+
+
+def write_atomic(path: PathLike, data: bytes) -> None:
+    """Replace the file ``path`` by ``data`` so that a reader sees the old file or the new one.
+
+    ``data`` goes to a temporary file in the same directory (same file system, so the rename is
+    atomic), is flushed and fsync'ed, and is renamed over ``path``; the directory is then
+    fsync'ed so the rename itself survives a crash. Killed at any point, the process leaves
+    ``path`` as it was or complete (at worst a stray ``.NAME.XXXXXXXX.tmp`` beside it after a
+    SIGKILL; on an error or an interrupt the temporary file is removed). A symbolic link keeps
+    pointing at the new file, and an existing file keeps its permission bits. A target that
+    exists but is not a regular file (``/dev/null``, ``/dev/stdout``, a FIFO) cannot be
+    renamed over and is written in place. Every writer of a user file in pace goes through this.
+    Raises ``InputError`` naming ``path``.
+    """
+    where = display_path(path)
+    target = os.fspath(path)
+    if not target:
+        raise InputError("empty file name: give the file to write", where=where)
+    real = os.path.realpath(target)
     try:
-        Path(path).write_bytes(data)
+        st: os.stat_result | None = os.stat(real)
+    except FileNotFoundError:
+        st = None
     except OSError as exc:
-        raise InputError(f"cannot write file: {exc.strerror or exc}", where=str(path)) from None
+        raise InputError(f"cannot write file: {exc.strerror or exc}", where=where) from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise InputError("cannot write file: is a directory", where=where)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        try:
+            with open(real, "wb") as fh:
+                fh.write(data)
+        except OSError as exc:
+            raise InputError(f"cannot write file: {exc.strerror or exc}", where=where) from None
+        return
+    directory = os.path.dirname(real) or "."
+    # Hidden, recognisable, unique; the name is cut so that the suffix never overflows NAME_MAX.
+    tmp = os.path.join(directory, f".{os.path.basename(real)[:200]}.{secrets.token_hex(4)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as exc:
+        raise InputError(f"cannot write file: {exc.strerror or exc}", where=where) from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if st is not None:
+                os.fchmod(fh.fileno(), stat.S_IMODE(st.st_mode))
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, real)
+    except BaseException as exc:
+        # KeyboardInterrupt included: never leave the temporary file behind.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise InputError(f"cannot write file: {exc.strerror or exc}", where=where) from None
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: str) -> None:
+    # Makes the rename durable; not every file system lets a directory be opened or synced.
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,6 +512,9 @@ def _kind(v: Any) -> str:
 def _show(v: Any) -> str:
     if isinstance(v, dict | list):
         return _kind(v)
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 128:
+        # str() of an int over 4,300 digits raises; such a value can only come from Python.
+        return f"an integer of {v.bit_length()} bits"
     text = json.dumps(v) if isinstance(v, str | bool | int | float) or v is None else repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -274,13 +548,30 @@ class _Reader:
             raise self.err(field, f"must be a list, got {_kind(v)}")
         return v
 
-    def int_(self, v: Any, field: str, *, minimum: int) -> int:
+    def int_(
+        self,
+        v: Any,
+        field: str,
+        *,
+        minimum: int,
+        maximum: int = MAX_JSON_INT,
+        why: str = "64-bit integers",
+    ) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
             want = "> 0" if minimum == 1 else f">= {minimum}"
             raise self.err(field, f"must be an integer {want}, got {_show(v)}")
+        if v > maximum:
+            raise self.err(field, f"must be <= {maximum} ({why}), got {_show(v)}")
         return v
 
-    def num(self, v: Any, field: str, *, nonneg: bool = True) -> float:
+    def num(
+        self,
+        v: Any,
+        field: str,
+        *,
+        nonneg: bool = True,
+        bound: _Range | None = None,
+    ) -> float:
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise self.err(field, f"must be a number, got {_show(v)}")
         x = float(v)
@@ -288,6 +579,12 @@ class _Reader:
             raise self.err(field, f"must be finite, got {_show(v)}")
         if nonneg and x < 0:
             raise self.err(field, f"must be >= 0, got {_show(v)}")
+        if bound is not None and x > bound.most:
+            raise self.err(field, f"must be <= {bound.most:g} ({bound.why}), got {_show(v)}")
+        if bound is not None and 0 < x < bound.least:
+            raise self.err(
+                field, f"must be 0 or >= {bound.least:g} ({bound.least_why}), got {_show(v)}"
+            )
         return x
 
     def names(self, v: Any, field: str) -> tuple[str, ...]:
@@ -301,8 +598,13 @@ class _Reader:
         self, obj: Mapping[str, Any], key: str, path: str, parse: Callable[[Any, str], T]
     ) -> tuple[T, ...]:
         field = _join(path, key)
-        seq = self.list_(self.req(obj, key, path), field)
+        seq = self.count(self.list_(self.req(obj, key, path), field), field)
         return tuple(parse(x, f"{field}[{i}]") for i, x in enumerate(seq))
+
+    def count(self, seq: list[Any], field: str, maximum: int = MAX_ITEMS) -> list[Any]:
+        if len(seq) > maximum:
+            raise self.err(field, f"has {len(seq)} elements, at most {maximum} are allowed")
+        return seq
 
     def header(self, obj: Mapping[str, Any], fmt: str, versions: tuple[int, ...]) -> None:
         got = self.req(obj, "format", "")
@@ -329,7 +631,11 @@ def _op_from(r: _Reader, v: Any, path: str) -> Op:
     return Op(
         name=r.str_(r.req(o, "name", path), f"{path}.name"),
         phase=cast(Phase, phase),
-        duration_us=r.num(r.req(o, "duration_us", path), f"{path}.duration_us"),
+        duration_us=r.num(
+            r.req(o, "duration_us", path),
+            f"{path}.duration_us",
+            bound=_US,
+        ),
         deps=deps,
     )
 
@@ -339,7 +645,13 @@ def _tensor_from(r: _Reader, v: Any, path: str) -> Tensor:
     consumers = r.names(o["consumers"], f"{path}.consumers") if "consumers" in o else ()
     return Tensor(
         name=r.str_(r.req(o, "name", path), f"{path}.name"),
-        size_bytes=r.int_(r.req(o, "bytes", path), f"{path}.bytes", minimum=1),
+        size_bytes=r.int_(
+            r.req(o, "bytes", path),
+            f"{path}.bytes",
+            minimum=1,
+            maximum=MAX_TENSOR_BYTES,
+            why=_WHY_BYTES,
+        ),
         producer=r.str_(r.req(o, "producer", path), f"{path}.producer"),
         consumers=consumers,
         element_bytes=(
@@ -357,20 +669,36 @@ def _comm_from(r: _Reader, v: Any, path: str, *, with_samples: bool = True) -> C
     if with_samples and "samples" in o:
         field = f"{path}.samples"
         pts = []
-        for i, pt in enumerate(r.list_(o["samples"], field)):
+        for i, pt in enumerate(r.count(r.list_(o["samples"], field), field)):
             if not isinstance(pt, list) or len(pt) != 2:
                 raise r.err(f"{field}[{i}]", f"must be a [bytes, us] pair, got {_show(pt)}")
             pts.append(
                 (
-                    r.int_(pt[0], f"{field}[{i}][0]", minimum=0),
-                    r.num(pt[1], f"{field}[{i}][1]"),
+                    r.int_(
+                        pt[0],
+                        f"{field}[{i}][0]",
+                        minimum=0,
+                        maximum=MAX_TENSOR_BYTES,
+                        why=_WHY_BYTES,
+                    ),
+                    r.num(pt[1], f"{field}[{i}][1]", bound=_US),
                 )
             )
         samples = tuple(pts)
     return CommModel(
-        workers=r.int_(r.req(o, "workers", path), f"{path}.workers", minimum=1),
-        alpha_us=r.num(r.req(o, "alpha_us", path), f"{path}.alpha_us"),
-        beta_us_per_byte=r.num(r.req(o, "beta_us_per_byte", path), f"{path}.beta_us_per_byte"),
+        workers=r.int_(
+            r.req(o, "workers", path),
+            f"{path}.workers",
+            minimum=1,
+            maximum=MAX_WORKERS,
+            why=_WHY_WORKERS,
+        ),
+        alpha_us=r.num(r.req(o, "alpha_us", path), f"{path}.alpha_us", bound=_US),
+        beta_us_per_byte=r.num(
+            r.req(o, "beta_us_per_byte", path),
+            f"{path}.beta_us_per_byte",
+            bound=_BETA,
+        ),
         algorithm=algorithm,
         samples=samples,
     )
@@ -467,8 +795,20 @@ def _slice_from(r: _Reader, v: Any, path: str) -> Slice:
     o = r.obj(v, path)
     return Slice(
         tensor=r.str_(r.req(o, "tensor", path), f"{path}.tensor"),
-        offset_bytes=r.int_(r.req(o, "offset", path), f"{path}.offset", minimum=0),
-        size_bytes=r.int_(r.req(o, "bytes", path), f"{path}.bytes", minimum=1),
+        offset_bytes=r.int_(
+            r.req(o, "offset", path),
+            f"{path}.offset",
+            minimum=0,
+            maximum=MAX_TENSOR_BYTES,
+            why=_WHY_BYTES,
+        ),
+        size_bytes=r.int_(
+            r.req(o, "bytes", path),
+            f"{path}.bytes",
+            minimum=1,
+            maximum=MAX_TENSOR_BYTES,
+            why=_WHY_BYTES,
+        ),
     )
 
 
@@ -487,19 +827,46 @@ def schedule_from_dict(obj: Any, *, where: str = "") -> Schedule:
     top = r.obj(obj, "(top level)")
     r.header(top, SCHEDULE_FORMAT, SUPPORTED_SCHEDULE_VERSIONS)
     meta = r.obj(top["meta"], "meta") if "meta" in top else {}
+    if "compute_speedup" in meta:
+        # The one key of meta with a meaning: replays re-apply it (pace validate, simulate).
+        check_compute_speedup(meta["compute_speedup"], where=where, field="meta.compute_speedup")
     mode = top.get("mode", "overlap")
     if mode not in SCHEDULE_MODES:
         raise r.err("mode", f"must be one of {', '.join(SCHEDULE_MODES)}, got {_show(mode)}")
+    units = r.items(top, "units", "", lambda v, p: _unit_from(r, v, p))
+    n_slices = sum(len(u.slices) for u in units)
+    if n_slices > MAX_SLICES:
+        raise r.err("units", f"carry {n_slices} slices in all, at most {MAX_SLICES} are allowed")
     return Schedule(
         mode=mode,
         trace_digest=r.str_(r.req(top, "trace_digest", ""), "trace_digest"),
         cost_model=_comm_from(r, r.req(top, "cost_model", ""), "cost_model"),
-        units=r.items(top, "units", "", lambda v, p: _unit_from(r, v, p)),
+        units=units,
         predicted_iteration_us=r.num(
             r.req(top, "predicted_iteration_us", ""), "predicted_iteration_us"
         ),
         meta=meta,
     )
+
+
+def check_compute_speedup(value: Any, *, where: str = "", field: str = "") -> float:
+    """``value`` as a compute speed-up in ``[MIN_COMPUTE_SPEEDUP, MAX_COMPUTE_SPEEDUP]``.
+
+    Used for ``--compute-speedup`` (``where`` the option) and a schedule's
+    ``meta.compute_speedup`` (``where`` the file), so each error names what the user gave.
+    """
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok:
+        raise InputError(f"must be a number, got {_show(value)}", where=where, field=field)
+    x = float(value)
+    if not (MIN_COMPUTE_SPEEDUP <= x <= MAX_COMPUTE_SPEEDUP):
+        raise InputError(
+            f"must be a number in [{MIN_COMPUTE_SPEEDUP:g}, {MAX_COMPUTE_SPEEDUP:g}] (from 1000x "
+            f"slower to a million times faster than profiled), got {_show(value)}",
+            where=where,
+            field=field,
+        )
+    return x
 
 
 def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:

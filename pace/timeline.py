@@ -43,6 +43,7 @@ side first; pace's schedule moves the input side forward, and the colours show i
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,14 +249,24 @@ def _earliest_starts_us(trace: Trace) -> dict[str, float]:
 # Chrome / Perfetto trace
 
 
-def to_chrome(timeline: Timeline) -> dict[str, Any]:
+def to_chrome(timeline: Timeline, *, trace: Trace | None = None) -> dict[str, Any]:
     """The timeline as a Trace Event Format object (``json.dump`` it).
 
     One process per run (``pid`` 1, 2, ... in run order), one thread per lane (compute lanes
     first, then communication lanes), a complete event (``ph`` ``"X"``, ``ts``/``dur`` in
     microseconds) per op and per unit, ``M`` events naming processes and threads, and a
     process-wide instant event ``"iteration end"`` at each run's ``iteration_us``.
+
+    Events also carry what ``torch.profiler`` writes for GPU work, so Holistic Trace Analysis
+    reads the file as a (predicted) rank beside measured ones: every bar has ``args.stream`` (its
+    lane) and ``args.device``; a unit is named like NCCL's all-reduce kernel
+    (``ncclDevKernel_AllReduce_Sum_f32_RING_LL(<tensors>)``) and carries the profiler's
+    collective keys (``Collective name``, ``In msg nelems``, ``Out msg nelems``, ``dtype``,
+    ``Group size``, ...); the file has ``distributedInfo`` (rank 0). ``trace`` (the trace the
+    runs replayed) gives the element type and the group size; without it a unit counts bytes.
     """
+    sizes = {t.name: t.element_bytes for t in trace.tensors} if trace is not None else {}
+    workers = trace.comm.workers if trace is not None else 1
     events: list[dict[str, Any]] = []
     for pid, run in enumerate(timeline.runs, start=1):
         events.append(_meta("process_name", pid, 0, name=f"{_run_name(run)}: {_ms(run)} ms"))
@@ -269,16 +280,22 @@ def to_chrome(timeline: Timeline) -> dict[str, Any]:
             events.append(_meta("thread_name", pid, tid, name=_lane_name(run, "comm", lane)))
             events.append(_meta("thread_sort_index", pid, tid, sort_index=tid))
         for bar in sorted(run.bars, key=lambda b: (b.start_us, b.kind, b.lane)):
+            tid = _tid(run, bar.kind, bar.lane)
+            args = {**bar.args, "stream": tid, "device": 0}
+            name = bar.name
+            if bar.kind == "comm":
+                name, collective = _collective(bar, sizes, workers)
+                args.update(collective)
             events.append(
                 {
-                    "name": bar.name,
+                    "name": name,
                     "cat": bar.phase,
                     "ph": "X",
                     "ts": bar.start_us,
                     "dur": bar.finish_us - bar.start_us,
                     "pid": pid,
-                    "tid": _tid(run, bar.kind, bar.lane),
-                    "args": dict(bar.args),
+                    "tid": tid,
+                    "args": args,
                 }
             )
         events.append(
@@ -296,7 +313,47 @@ def to_chrome(timeline: Timeline) -> dict[str, Any]:
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
+        "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": workers},
         "otherData": {"model": timeline.model, "generator": "pace timeline"},
+    }
+
+
+# Element size -> (the dtype NCCL kernel names use, the ScalarType name torch.profiler writes).
+_NCCL_TYPES: dict[int, tuple[str, str]] = {
+    4: ("f32", "Float"),
+    2: ("f16", "Half"),
+    8: ("f64", "Double"),
+    1: ("u8", "Byte"),
+}
+
+
+def _collective(
+    bar: Bar, element_bytes: Mapping[str, int], workers: int
+) -> tuple[str, dict[str, Any]]:
+    """A unit's kernel name and the collective args ``torch.profiler`` gives NCCL kernels.
+
+    One element type for the unit: its tensors' common element size (2 bytes reads as Half,
+    though it may be BFloat16), else bytes.
+    """
+    kinds = {element_bytes.get(t, 1) for t in bar.args.get("tensors", ())}
+    size = kinds.pop() if len(kinds) == 1 else 1
+    if size not in _NCCL_TYPES:
+        size = 1
+    short, scalar = _NCCL_TYPES[size]
+    nbytes = int(bar.args.get("bytes", 0))
+    nelems = nbytes // size
+    return f"ncclDevKernel_AllReduce_Sum_{short}_RING_LL({bar.name})", {
+        "Collective name": "allreduce",
+        "In msg nelems": nelems,
+        "Out msg nelems": nelems,
+        "In split size": "[]",
+        "Out split size": "[]",
+        "Group size": workers,
+        "dtype": scalar,
+        "Process Group Name": "0",
+        "Process Group Description": "default_pg",
+        "Process Group Ranks": str(list(range(workers))),
+        "Rank": 0,
     }
 
 
@@ -336,11 +393,15 @@ _COMM_CMAP = "viridis"
 def render_png(timeline: Timeline, path: str | Path, *, width_in: float = 14.0) -> None:
     """Write :func:`figure` of ``timeline`` to ``path`` as a PNG (whatever its suffix).
 
-    Raises ``ImportError`` naming the extra if matplotlib is missing, ``OSError`` if ``path``
-    cannot be written.
+    Raises ``ImportError`` naming the extra if matplotlib is missing, ``InputError`` if ``path``
+    cannot be written. The file is replaced atomically (``pace.io.write_atomic``).
     """
+    from pace.io import write_atomic
+
     fig = figure(timeline, width_in=width_in)
-    fig.savefig(str(path), dpi=110, format="png")
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
+    write_atomic(path, png.getvalue())
 
 
 def figure(timeline: Timeline, *, width_in: float = 14.0) -> Any:

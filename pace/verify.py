@@ -26,28 +26,87 @@ from collections import deque
 from collections.abc import Sequence
 
 from pace.errors import InputError, ScheduleMismatchError
-from pace.io import trace_digest
+from pace.io import (
+    MAX_BETA_US_PER_BYTE,
+    MAX_DURATION_US,
+    MAX_ITEMS,
+    MAX_SLICES,
+    MAX_TENSOR_BYTES,
+    MAX_WORKERS,
+    MIN_NONZERO_BETA_US_PER_BYTE,
+    MIN_NONZERO_US,
+    trace_digest,
+)
 from pace.ir import PHASES, CommModel, Schedule, Slice, Trace
 
+# Names printed in a message: a cycle through thousands of ops, or a name of 10,000 characters,
+# must still give one readable line.
+_NAME_CHARS = 60
+_CHAIN_NAMES = 6
 
-def _is_int(x: object, minimum: int) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= minimum
+
+def _is_int(x: object, minimum: int, maximum: int = MAX_TENSOR_BYTES) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and minimum <= x <= maximum
 
 
 def _is_num(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _in_range(x: object, maximum: float, least: float) -> bool:
+    """A finite number, 0 or in ``[least, maximum]`` (pace.io's bounds)."""
+    return _is_num(x) and (x == 0 or least <= x <= maximum)  # type: ignore[operator]
+
+
+def _show(x: object) -> str:
+    # repr, except for ints too long to print (str() refuses more than 4,300 digits).
+    if isinstance(x, int) and not isinstance(x, bool) and x.bit_length() > 128:
+        return f"an integer of {x.bit_length()} bits"
+    text = repr(x)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _q(x: object, limit: int = _NAME_CHARS) -> str:
+    """``repr(x)`` for a message, cut to one short line whatever a file put in it."""
+    if isinstance(x, str):
+        text = repr(x)
+        return text if len(text) <= limit else text[: limit - 4] + "...'"
+    return _show(x)
+
+
+def _name(name: str) -> str:
+    """A name for a message: escaped (one line) and cut to ``_NAME_CHARS``."""
+    text = name if name.isprintable() else repr(name)[1:-1]
+    return text if len(text) <= _NAME_CHARS else text[: _NAME_CHARS - 3] + "..."
+
+
+def _chain(names: Sequence[str]) -> str:
+    """``a -> b -> c``; a long chain keeps its ends: ``a -> b -> c -> ... (+N ops) -> y -> z``."""
+    shown = [_name(n) for n in names]
+    if len(shown) > _CHAIN_NAMES:
+        head, tail = shown[: _CHAIN_NAMES - 2], shown[-2:]
+        shown = [*head, f"... (+{len(names) - _CHAIN_NAMES} ops)", *tail]
+    return " -> ".join(shown)
+
+
 def _check_comm(comm: CommModel, path: str, where: str) -> None:
-    if not _is_int(comm.workers, 1):
+    if not _is_int(comm.workers, 1, MAX_WORKERS):
         raise InputError(
-            f"must be an integer >= 1, got {comm.workers!r}", where=where, field=f"{path}.workers"
+            f"must be an integer >= 1 and <= {MAX_WORKERS} (2**20), got {_show(comm.workers)}",
+            where=where,
+            field=f"{path}.workers",
         )
-    for key in ("alpha_us", "beta_us_per_byte"):
+    for key, maximum, least in (
+        ("alpha_us", MAX_DURATION_US, MIN_NONZERO_US),
+        ("beta_us_per_byte", MAX_BETA_US_PER_BYTE, MIN_NONZERO_BETA_US_PER_BYTE),
+    ):
         value = getattr(comm, key)
-        if not (_is_num(value) and value >= 0):
+        if not _in_range(value, maximum, least):
             raise InputError(
-                f"must be a finite number >= 0, got {value!r}", where=where, field=f"{path}.{key}"
+                f"must be a finite number >= 0 and <= {maximum:g}, 0 or >= {least:g}, "
+                f"got {_show(value)}",
+                where=where,
+                field=f"{path}.{key}",
             )
 
 
@@ -56,13 +115,13 @@ def _check_unique(names: Sequence[str], kind: str, list_key: str, where: str) ->
     for i, name in enumerate(names):
         if not isinstance(name, str) or not name:
             raise InputError(
-                f"must be a non-empty string, got {name!r}",
+                f"must be a non-empty string, got {_q(name)}",
                 where=where,
                 field=f"{list_key}[{i}].name",
             )
         if name in index:
             raise InputError(
-                f"duplicate {kind} name {name!r} (first at {list_key}[{index[name]}])",
+                f"duplicate {kind} name {_q(name)} (first at {list_key}[{index[name]}])",
                 where=where,
                 field=f"{list_key}[{i}].name",
             )
@@ -72,18 +131,18 @@ def _check_unique(names: Sequence[str], kind: str, list_key: str, where: str) ->
 
 def _check_name_list(names: object, field: str, where: str) -> None:
     if not isinstance(names, tuple | list):
-        raise InputError(f"must be a list of op names, got {names!r}", where=where, field=field)
+        raise InputError(f"must be a list of op names, got {_q(names)}", where=where, field=field)
     for k, name in enumerate(names):
         if not isinstance(name, str):
             raise InputError(
-                f"must be an op name (a string), got {name!r}", where=where, field=f"{field}[{k}]"
+                f"must be an op name (a string), got {_q(name)}", where=where, field=f"{field}[{k}]"
             )
 
 
 def _check_samples(comm: CommModel, path: str, where: str) -> None:
     if not isinstance(comm.samples, tuple | list):
         raise InputError(
-            f"must be a list of (bytes, us) pairs, got {comm.samples!r}",
+            f"must be a list of (bytes, us) pairs, got {_q(comm.samples)}",
             where=where,
             field=f"{path}.samples",
         )
@@ -92,12 +151,12 @@ def _check_samples(comm: CommModel, path: str, where: str) -> None:
             isinstance(pt, tuple | list)
             and len(pt) == 2
             and _is_int(pt[0], 0)
-            and _is_num(pt[1])
-            and pt[1] >= 0
+            and _in_range(pt[1], MAX_DURATION_US, MIN_NONZERO_US)
         )
         if not ok:
             raise InputError(
-                f"must be a (bytes >= 0, us >= 0) pair of finite numbers, got {pt!r}",
+                f"must be a (bytes in [0, {MAX_TENSOR_BYTES}], us in [0, {MAX_DURATION_US:g}]) "
+                f"pair, got {_show(pt)}",
                 where=where,
                 field=f"{path}.samples[{k}]",
             )
@@ -110,6 +169,13 @@ def verify_trace(trace: Trace, where: str = "") -> None:
     >>> verify_trace(random_trace(seed=1))
     """
     ops = trace.ops
+    for key, items in (("ops", ops), ("tensors", trace.tensors)):
+        if len(items) > MAX_ITEMS:
+            raise InputError(
+                f"has {len(items)} elements, at most {MAX_ITEMS} are allowed",
+                where=where,
+                field=key,
+            )
     op_index = _check_unique([op.name for op in ops], "op", "ops", where)
     _check_unique([t.name for t in trace.tensors], "tensor", "tensors", where)
     if not trace.tensors:
@@ -119,7 +185,7 @@ def verify_trace(trace: Trace, where: str = "") -> None:
     _check_comm(trace.comm, "comm", where)
     _check_samples(trace.comm, "comm", where)
     if not isinstance(trace.model, str):
-        raise InputError(f"must be a string, got {trace.model!r}", where=where, field="model")
+        raise InputError(f"must be a string, got {_q(trace.model)}", where=where, field="model")
 
     # Successor lists by op index: the graph has an edge dep -> op.
     succ: list[list[int]] = [[] for _ in ops]
@@ -127,13 +193,15 @@ def verify_trace(trace: Trace, where: str = "") -> None:
     for i, op in enumerate(ops):
         if op.phase not in PHASES:
             raise InputError(
-                f"must be one of {', '.join(PHASES)}; got {op.phase!r}",
+                f"must be one of {', '.join(PHASES)}; got {_q(op.phase)}",
                 where=where,
                 field=f"ops[{i}].phase",
             )
-        if not (_is_num(op.duration_us) and op.duration_us >= 0):
+        if not _in_range(op.duration_us, MAX_DURATION_US, MIN_NONZERO_US):
             raise InputError(
-                f"must be a finite number >= 0, got {op.duration_us!r}",
+                f"must be a finite number >= 0 and <= {MAX_DURATION_US:g} (one day in us), "
+                f"0 or >= {MIN_NONZERO_US:g}, "
+                f"got {_q(op.duration_us)}",
                 where=where,
                 field=f"ops[{i}].duration_us",
             )
@@ -142,7 +210,7 @@ def verify_trace(trace: Trace, where: str = "") -> None:
             j = op_index.get(dep)
             if j is None:
                 raise InputError(
-                    f"op {dep!r} does not exist", where=where, field=f"ops[{i}].deps[{k}]"
+                    f"op {_q(dep)} does not exist", where=where, field=f"ops[{i}].deps[{k}]"
                 )
             succ[j].append(i)
             indeg[i] += 1
@@ -153,17 +221,28 @@ def verify_trace(trace: Trace, where: str = "") -> None:
     # (only used to name it in a Lemma-1 message).
     consumed_by: dict[int, int] = {}
     producer_idx: list[int] = []
+    total_bytes = 0
     for ti, t in enumerate(trace.tensors):
         if not _is_int(t.size_bytes, 1):
             raise InputError(
-                f"must be an integer > 0, got {t.size_bytes!r}",
+                f"must be an integer > 0 and <= {MAX_TENSOR_BYTES} (2**48 bytes, 256 TiB), "
+                f"got {_q(t.size_bytes)}",
+                where=where,
+                field=f"tensors[{ti}].bytes",
+            )
+        total_bytes += t.size_bytes
+        if total_bytes > MAX_TENSOR_BYTES:
+            # Each tensor may be large, but their sum bounds every byte count a stage adds up.
+            raise InputError(
+                f"tensors[0..{ti}] hold {total_bytes} bytes together, more than the "
+                f"{MAX_TENSOR_BYTES} (2**48 bytes, 256 TiB) a trace may hold",
                 where=where,
                 field=f"tensors[{ti}].bytes",
             )
         eb = t.element_bytes
         if not _is_int(eb, 1) or eb & (eb - 1) or t.size_bytes % eb:
             raise InputError(
-                f"must be a power of two that divides bytes ({t.size_bytes}), got {eb!r}",
+                f"must be a power of two that divides bytes ({t.size_bytes}), got {_q(eb)}",
                 where=where,
                 field=f"tensors[{ti}].element_bytes",
             )
@@ -171,14 +250,14 @@ def verify_trace(trace: Trace, where: str = "") -> None:
         p = op_index.get(t.producer) if isinstance(t.producer, str) else None
         if p is None:
             raise InputError(
-                f"op {t.producer!r} does not exist", where=where, field=f"tensors[{ti}].producer"
+                f"op {_q(t.producer)} does not exist", where=where, field=f"tensors[{ti}].producer"
             )
         producer_idx.append(p)
         for k, c in enumerate(t.consumers):
             ci = op_index.get(c)
             if ci is None:
                 raise InputError(
-                    f"op {c!r} does not exist", where=where, field=f"tensors[{ti}].consumers[{k}]"
+                    f"op {_q(c)} does not exist", where=where, field=f"tensors[{ti}].consumers[{k}]"
                 )
             consumed_by.setdefault(ci, ti)
 
@@ -209,9 +288,7 @@ def _check_acyclic(trace: Trace, succ: list[list[int]], indeg: list[int], where:
     cycle = nx.find_cycle(graph)
     names = [trace.ops[u].name for u, _ in cycle] + [trace.ops[cycle[0][0]].name]
     first = cycle[0][1]
-    raise InputError(
-        f"dependency cycle: {' -> '.join(names)}", where=where, field=f"ops[{first}].deps"
-    )
+    raise InputError(f"dependency cycle: {_chain(names)}", where=where, field=f"ops[{first}].deps")
 
 
 def _check_lemma1(
@@ -243,17 +320,17 @@ def _check_lemma1(
         path.reverse()
         consumer = path[0]
         other = trace.tensors[consumed_by[consumer]].name
-        names = " -> ".join(trace.ops[i].name for i in path)
+        names = _chain([trace.ops[i].name for i in path])
         t = trace.tensors[ti]
         if len(path) == 1:
             detail = (
-                f"producer {t.producer!r} of tensor {t.name!r} is itself a consumer "
-                f"of tensor {other!r}"
+                f"producer {_q(t.producer)} of tensor {_q(t.name)} is itself a consumer "
+                f"of tensor {_q(other)}"
             )
         else:
             detail = (
-                f"producer {t.producer!r} of tensor {t.name!r} depends on "
-                f"{trace.ops[consumer].name!r}, a consumer of tensor {other!r} (path {names})"
+                f"producer {_q(t.producer)} of tensor {_q(t.name)} depends on "
+                f"{_q(trace.ops[consumer].name)}, a consumer of tensor {_q(other)} (path {names})"
             )
         raise InputError(
             f"Lemma-1 rule broken: {detail}; producers must all precede consumers in the window",
@@ -271,8 +348,8 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
     expected = trace_digest(trace)
     if schedule.trace_digest != expected:
         raise ScheduleMismatchError(
-            f"schedule was compiled for trace {schedule.trace_digest!r}, but the given trace "
-            f"has digest {expected!r}",
+            f"schedule was compiled for trace {_q(schedule.trace_digest, 80)}, but the given "
+            f"trace has digest {_q(expected, 80)}",
             where=where,
             field="trace_digest",
         )
@@ -280,9 +357,17 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
     pred = schedule.predicted_iteration_us
     if not (_is_num(pred) and pred >= 0):
         raise InputError(
-            f"must be a finite number >= 0, got {pred!r}",
+            f"must be a finite number >= 0, got {_q(pred)}",
             where=where,
             field="predicted_iteration_us",
+        )
+    n_slices = sum(len(u.slices) for u in schedule.units if isinstance(u.slices, tuple | list))
+    if len(schedule.units) > MAX_ITEMS or n_slices > MAX_SLICES:
+        raise InputError(
+            f"{len(schedule.units)} units carrying {n_slices} slices: at most {MAX_ITEMS} units "
+            f"and {MAX_SLICES} slices are allowed",
+            where=where,
+            field="units",
         )
     sizes = {t.name: t.size_bytes for t in trace.tensors}
     elements = {t.name: t.element_bytes for t in trace.tensors}
@@ -291,7 +376,7 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
     for ui, unit in enumerate(schedule.units):
         if not _is_num(unit.priority):
             raise InputError(
-                f"must be a finite number, got {unit.priority!r}",
+                f"must be a finite number, got {_q(unit.priority)}",
                 where=where,
                 field=f"units[{ui}].priority",
             )
@@ -304,23 +389,23 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
         for si, s in enumerate(unit.slices):
             path = f"units[{ui}].slices[{si}]"
             if not isinstance(s, Slice):
-                raise InputError(f"must be a Slice, got {s!r}", where=where, field=path)
+                raise InputError(f"must be a Slice, got {_q(s)}", where=where, field=path)
             size = sizes.get(s.tensor) if isinstance(s.tensor, str) else None
             if size is None:
                 raise InputError(
-                    f"tensor {s.tensor!r} does not exist in the trace",
+                    f"tensor {_q(s.tensor)} does not exist in the trace",
                     where=where,
                     field=f"{path}.tensor",
                 )
             if not _is_int(s.offset_bytes, 0):
                 raise InputError(
-                    f"must be an integer >= 0, got {s.offset_bytes!r}",
+                    f"must be an integer >= 0, got {_q(s.offset_bytes)}",
                     where=where,
                     field=f"{path}.offset",
                 )
             if not _is_int(s.size_bytes, 1):
                 raise InputError(
-                    f"must be an integer > 0, got {s.size_bytes!r}",
+                    f"must be an integer > 0, got {_q(s.size_bytes)}",
                     where=where,
                     field=f"{path}.bytes",
                 )
@@ -328,14 +413,14 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
             eb = elements[s.tensor]
             if s.offset_bytes % eb or s.size_bytes % eb:
                 raise InputError(
-                    f"offset {s.offset_bytes} / bytes {s.size_bytes} of {s.tensor!r} are not "
+                    f"offset {s.offset_bytes} / bytes {s.size_bytes} of {_q(s.tensor)} are not "
                     f"multiples of its element size {eb}",
                     where=where,
                     field=path,
                 )
             if end > size:
                 raise InputError(
-                    f"bytes [{s.offset_bytes}, {end}) run past the end of tensor {s.tensor!r} "
+                    f"bytes [{s.offset_bytes}, {end}) run past the end of tensor {_q(s.tensor)} "
                     f"({size} bytes)",
                     where=where,
                     field=path,
@@ -346,7 +431,7 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
         parts = sorted(pieces[t.name])
         if not parts:
             raise InputError(
-                f"tensor {t.name!r} ({t.size_bytes} bytes) is not covered by any slice",
+                f"tensor {_q(t.name)} ({t.size_bytes} bytes) is not covered by any slice",
                 where=where,
                 field="units",
             )
@@ -355,14 +440,14 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
         for offset, end, path in parts:
             if offset > covered_to:
                 raise InputError(
-                    f"tensor {t.name!r}: bytes [{covered_to}, {offset}) are not covered "
+                    f"tensor {_q(t.name)}: bytes [{covered_to}, {offset}) are not covered "
                     "by any slice",
                     where=where,
                     field="units",
                 )
             if offset < covered_to:
                 raise InputError(
-                    f"tensor {t.name!r}: bytes [{offset}, {min(end, covered_to)}) are also "
+                    f"tensor {_q(t.name)}: bytes [{offset}, {min(end, covered_to)}) are also "
                     f"covered by {last_path}",
                     where=where,
                     field=path,
@@ -371,7 +456,7 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
             last_path = path
         if covered_to < t.size_bytes:
             raise InputError(
-                f"tensor {t.name!r}: bytes [{covered_to}, {t.size_bytes}) are not covered "
+                f"tensor {_q(t.name)}: bytes [{covered_to}, {t.size_bytes}) are not covered "
                 "by any slice",
                 where=where,
                 field="units",

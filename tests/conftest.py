@@ -27,7 +27,7 @@ REQUIRE_EXTRAS = os.environ.get("PACE_REQUIRE_EXTRAS") == "1"
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not REQUIRE_EXTRAS:
         return
-    for module in ("torch", "torchvision", "horovod.torch"):
+    for module in ("torch", "torchvision", "horovod.torch", "hta.trace_analysis"):
         try:
             importlib.import_module(module)
         except Exception as exc:  # any import failure means the environment is broken

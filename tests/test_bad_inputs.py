@@ -112,6 +112,26 @@ EXPECTED: dict[str, tuple[str, str]] = {
         "predicted_iteration_us",
         r"file says 44 us, but replaying this schedule on the trace gives 39 us",
     ),
+    # Bounds (docs/trace-format.md, "Bounds"): numbers the domain cannot have, refused where
+    # the file is read, so that no stage overflows, divides into NaN or loops for ever.
+    "bytes_too_large.json": ("tensors[0].bytes", r"must be <= 281474976710656 \(2\*\*48 bytes"),
+    "bytes_over_64_bits.json": ("tensors[0].bytes", r"integer 1180591620717411303424 out of range"),
+    "huge_int_in_meta.json": ("meta.batch", r"integer 100000000000\.\.\. \(5001 digits\) out of"),
+    "total_bytes_too_large.json": ("tensors[1].bytes", r"hold 281474976710664 bytes together"),
+    "duration_too_long.json": ("ops[1].duration_us", r"must be <= 8.64e\+10 \(one day in us\)"),
+    "duration_subnormal.json": ("ops[2].duration_us", r"must be 0 or >= 1e-100 .*got 5e-324"),
+    "workers_too_many.json": ("comm.workers", r"must be <= 1048576 \(2\*\*20 workers\)"),
+    "beta_too_slow.json": ("comm.beta_us_per_byte", r"must be <= 1e\+06 \(one byte per second\)"),
+    "lone_surrogate.json": ("ops[0].name", r"not valid Unicode: lone surrogate escape \\ud800"),
+    "newline_name_cycle.json": (
+        "ops[1].deps",
+        r"dependency cycle: bw\.layer2 -> bw\.layer1\\nsecond line -> fw\.layer1",
+    ),
+    "schedule_speedup_zero.json": ("meta.compute_speedup", r"must be a number in \[0.001, 1e"),
+    "schedule_offset_over_64_bits.json": (
+        "units[0].slices[0].offset",
+        r"integer 9223372036854775808 out of range",
+    ),
 }
 
 

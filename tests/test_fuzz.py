@@ -1,10 +1,18 @@
-"""Fuzzing the loaders: mutated valid traces and schedules either load and verify, or raise
-``InputError`` — never any other exception, and ``pace validate`` never exits with anything
-but 0 or 2 (one stderr line)."""
+"""Fuzzing the loaders and the CLI.
+
+First the loaders: mutated valid traces and schedules either load and verify, or raise
+``InputError`` (never any other exception), and ``pace validate`` never exits with anything but
+0 or 2 (one stderr line). Then the whole CLI, one hypothesis test per class of issue 17
+(``benchmarks/fuzz_cli.py`` holds the strategies and the judge, and runs many thousand cases
+with ``python benchmarks/fuzz_cli.py``): every command exits 0 or 2 with one short printable
+line naming the file or flag, within a per-case time limit, refuses every value outside the
+documented bounds and accepts every valid one.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import math
@@ -15,6 +23,18 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.fuzz_cli import (
+    Case,
+    cycle_cases,
+    file_cases,
+    name_cases,
+    number_cases,
+    observed_cases,
+    option_cases,
+    run_case,
+    structure_cases,
+    zero_cases,
+)
 from pace.cli import main
 from pace.errors import InputError
 from pace.io import load_schedule, load_trace, trace_to_dict
@@ -71,7 +91,8 @@ def mutated(draw: st.DrawFn, base: dict[str, Any]) -> str:
         if kind == "delete":
             del parent[key]
         elif kind == "replace":
-            parent[key] = draw(junk_values)
+            # A copy: st.just([]) hands out one shared list, which a later edit would grow.
+            parent[key] = copy.deepcopy(draw(junk_values))
         elif kind == "nan":
             parent[key] = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
         elif kind == "reorder" and isinstance(parent[key], list):
@@ -142,3 +163,67 @@ def test_validate_cli_exits_0_or_2_with_one_line(tmp_path_factory: Any, text: st
         assert "Traceback" not in err.getvalue()
     else:
         assert err.getvalue() == ""
+
+
+# --------------------------------------------------------------------------------------------
+# The CLI, class by class. Per case: 20 s before it counts as a hang (SIGALRM); a few ms each
+# in practice, so the whole file stays well under a minute on the shared 2-core machine.
+
+
+def _passes(case: Case) -> None:
+    outcome = run_case(case, time_limit_s=20.0)
+    assert outcome.passed, f"{outcome.verdict}: {outcome.detail}"
+
+
+@settings(max_examples=300)
+@given(case=number_cases())
+def test_numbers_at_the_edges(case: Case) -> None:
+    """64-bit and float limits, 4,300+ digit literals, subnormals, each bound and one past it."""
+    _passes(case)
+
+
+@settings(max_examples=60)
+@given(case=observed_cases())
+def test_run_statistics_at_the_edges(case: Case) -> None:
+    """``pace recompile --observed``: a run's statistics with edge numbers (median, fit)."""
+    _passes(case)
+
+
+@settings(max_examples=100)
+@given(case=zero_cases())
+def test_all_zero_or_all_at_the_bounds(case: Case) -> None:
+    """Every duration and cost zero (compare divided by zero), or every one at its bound."""
+    _passes(case)
+
+
+@settings(max_examples=200)
+@given(case=name_cases())
+def test_odd_names(case: Case) -> None:
+    """Lone surrogates refused; newlines, escapes, 10,000 characters: one line, no crash."""
+    _passes(case)
+
+
+@settings(max_examples=20)
+@given(case=cycle_cases())
+def test_long_cycles_give_one_short_line(case: Case) -> None:
+    _passes(case)
+
+
+@settings(max_examples=300)
+@given(case=option_cases())
+def test_flag_values_blame_the_flag(case: Case) -> None:
+    """Every numeric flag at its edges, ``-o ''``, a schedule's meta.compute_speedup."""
+    _passes(case)
+
+
+@settings(max_examples=16)
+@given(case=file_cases())
+def test_non_regular_inputs(case: Case) -> None:
+    """A FIFO, /dev/zero, /dev/null, a directory, a gzip bomb: refused at once, one line."""
+    _passes(case)
+
+
+@settings(max_examples=200)
+@given(case=structure_cases())
+def test_broken_structure_through_every_command(case: Case) -> None:
+    _passes(case)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import random
 from pathlib import Path
 
@@ -69,7 +70,8 @@ def test_round_trip_keeps_samples_and_exact_floats(tmp_path: Path) -> None:
         model="m",
         ops=(
             Op(name="a", phase="backward", duration_us=0.1 + 0.2),
-            Op(name="b", phase="forward", duration_us=1e-300, deps=("a",)),
+            # The smallest nonzero time allowed (trace-format.md, "Bounds"), plus one ulp.
+            Op(name="b", phase="forward", duration_us=math.nextafter(1e-100, 1.0), deps=("a",)),
         ),
         tensors=(Tensor(name="w", size_bytes=2**40, producer="a", consumers=("b",)),),
         comm=CommModel(

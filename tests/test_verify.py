@@ -387,3 +387,47 @@ def test_ir_built_in_python_with_junk_fields_gives_input_error_only(data: st.Dat
             verify_schedule(s, t)
     except InputError:
         pass
+
+
+def test_bounds_hold_for_traces_built_in_python() -> None:
+    """The bounds of docs/trace-format.md, "Bounds", for a Trace that never was a file."""
+    t = tiny()
+    for bad in (1e308, 86_400e6 * 2, 5e-324):
+        op = dataclasses.replace(t.ops[2], duration_us=bad)
+        fails(dataclasses.replace(t, ops=(*t.ops[:2], op, t.ops[3])), "ops[2].duration_us", "")
+    big = dataclasses.replace(t.tensors[0], size_bytes=2**48 + 4)
+    fails(dataclasses.replace(t, tensors=(big, t.tensors[1])), "tensors[0].bytes", r"2\*\*48")
+    half = [dataclasses.replace(x, size_bytes=2**47 + 4) for x in t.tensors]
+    fails(dataclasses.replace(t, tensors=tuple(half)), "tensors[1].bytes", "together")
+    fails(
+        dataclasses.replace(t, comm=dataclasses.replace(t.comm, workers=2**20 + 1)),
+        "comm.workers",
+        r"<= 1048576",
+    )
+    fails(
+        dataclasses.replace(t, comm=dataclasses.replace(t.comm, beta_us_per_byte=1e-300)),
+        "comm.beta_us_per_byte",
+        r"0 or >= 1e-100",
+    )
+    # A huge Python int is reported without converting it to 10,000 digits.
+    huge = dataclasses.replace(t.tensors[0], size_bytes=10**5000)
+    fails(dataclasses.replace(t, tensors=(huge, t.tensors[1])), "tensors[0].bytes", "16610 bits")
+
+
+def test_long_cycle_and_odd_names_give_one_short_line() -> None:
+    names = [f"op{i:04d}" for i in range(4000)]
+    ops = [(name, [names[i - 1]]) for i, name in enumerate(names)]
+    with pytest.raises(InputError) as info:
+        verify_trace(mk(ops, [("w", names[0], [])]), where="x.json")
+    message = str(info.value)
+    assert "\n" not in message
+    assert len(message) < 300
+    assert "... (+" in message
+    odd = "line1\nline2\x1b[31m" + "x" * 10_000
+    with pytest.raises(InputError) as info:
+        verify_trace(mk([(odd, [odd])], [("w", odd, [])]), where="x.json")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "\x1b" not in message
+    assert "line1\\nline2\\x1b[31m" in message
+    assert len(message) < 300

@@ -12,6 +12,28 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from pace.errors import printable
+
+# An error or warning is one line of at most this many characters, whatever names a file holds.
+MAX_ERROR_CHARS = 300
+
+
+def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` escaped to one printable line, cut in the middle to ``limit`` characters.
+
+    The head keeps ``pace: FILE: FIELD:``, the tail the end of the message (often the value).
+    """
+    line = printable(text)
+    if len(line) <= limit:
+        return line
+    tail = limit // 4
+    return f"{line[: limit - tail - 5]} ... {line[-tail:]}"
+
+
+def warn(text: str) -> None:
+    """One ``pace: warning: ...`` line on stderr."""
+    sys.stderr.write(one_line(f"pace: warning: {text}") + "\n")
+
 
 def _jsonable(obj: Any) -> Any:
     """Non-finite floats become ``null``: strict JSON has no NaN/Infinity, and readers break."""
@@ -25,9 +47,10 @@ def _jsonable(obj: Any) -> Any:
 
 
 def print_json(obj: Any) -> None:
-    """Print ``obj`` as one JSON document on stdout (strict JSON, stable key order)."""
-    sys.stdout.write(json.dumps(_jsonable(obj), indent=2, sort_keys=True, allow_nan=False))
-    sys.stdout.write("\n")
+    """Print ``obj`` as one JSON document on stdout (strict JSON, stable key order), in one
+    write: an interrupt leaves all of it or none of it in the buffer."""
+    text = json.dumps(_jsonable(obj), indent=2, sort_keys=True, allow_nan=False)
+    sys.stdout.write(text + "\n")
 
 
 def _cell(value: Any) -> str:
@@ -53,4 +76,6 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
     for r in materialised:
         table.add_row(*(_cell(v) for v in r))
     # A fixed width keeps output identical whether or not stdout is a terminal (tests, pipes).
-    Console(file=sys.stdout, width=120, soft_wrap=False).print(table)
+    # No markup or emoji codes: titles and cells carry names from files, and a tensor named
+    # "[/]" is a MarkupError to rich, ":smile:" an emoji.
+    Console(file=sys.stdout, width=120, soft_wrap=False, markup=False, emoji=False).print(table)

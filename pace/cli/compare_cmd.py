@@ -13,10 +13,11 @@ import math
 import sys
 from typing import Any
 
-from pace.cli._output import print_json, print_table
+from pace.cli._output import print_json, print_table, warn
 from pace.cli.simulate_cmd import (
     add_trace_options,
     load_trace_and_schedule,
+    replay,
     result_summary,
     sim_options,
 )
@@ -49,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from pace.sim import POLICIES, SimOptions, compute_critical_path_us, lower_bound_us, simulate
+    from pace.errors import LimitError
+    from pace.sim import POLICIES, SimOptions, compute_critical_path_us, lower_bound_us
 
     paths: list[str] = list(args.schedule or [])
     # The baselines replay on the trace as the first schedule was compiled for (its cost model
@@ -67,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     options = sim_options(args)
     explicit = options != SimOptions()
     rows: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
     names: list[str] = list(POLICIES)
     if args.policies is not None:
         wanted = [n.strip() for n in args.policies.split(",") if n.strip()]
@@ -80,15 +83,21 @@ def run(args: argparse.Namespace) -> int:
         task = progress.add_task("simulating", total=len(names) + len(scheduled) + 1)
         for name in names:
             progress.update(task, description=name)
-            rows[name] = simulate(trace, name, options=options)
+            try:
+                rows[name] = replay(trace, name, options)
+            except LimitError as exc:
+                # Valid, but beyond what a replay may cost: the other policies still compare.
+                skipped[name] = exc.detail
             progress.advance(task)
         for name, s_trace, sched in scheduled:
-            rows[name] = simulate(s_trace, sched, options=options)
+            rows[name] = replay(s_trace, sched, options)
         progress.update(task, description="lower bound")
         bound, bound_kind = lower_bound_us(trace)
         progress.advance(task)
     critical = compute_critical_path_us(trace)
     fifo_us = rows["fifo"].iteration_us
+    for name, why in skipped.items():
+        warn(f"{name} not replayed: {why}")
 
     policies: dict[str, Any] = {}
     for name, res in rows.items():
@@ -106,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
                 "critical_path_us": critical,
                 "baselines": {name: res.iteration_us for name, res in rows.items()},
                 "policies": policies,
+                "skipped": skipped,
             }
         )
         return 0
@@ -138,7 +148,16 @@ def run(args: argparse.Namespace) -> int:
     # NaN prints as "-" and keeps the numeric columns right-aligned.
     nan = math.nan
     table_rows.append(
-        [f"lower bound ({bound_kind})", bound, f"{fifo_us / bound:.3f}x", nan, nan, nan, ""]
+        [
+            f"lower bound ({bound_kind})",
+            bound,
+            # A trace whose durations and costs are all zero has a zero bound.
+            f"{fifo_us / bound:.3f}x" if bound > 0 else "-",
+            nan,
+            nan,
+            nan,
+            "",
+        ]
     )
     print_table(
         f"pace compare {args.trace} ({trace.model})",

@@ -11,8 +11,8 @@ import argparse
 import sys
 from typing import Any
 
-from pace.cli._options import add_what_if_options
-from pace.cli._output import print_json, print_table
+from pace.cli._options import OutputPath, add_what_if_options, float_in
+from pace.cli._output import print_json, print_table, warn
 from pace.ir import SCHEDULE_MODES
 
 # Groups listed one per row in the human-readable plan; longer plans are summarised.
@@ -27,7 +27,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("trace", metavar="TRACE", help="trace file (.json or .json.gz)")
     p.add_argument(
-        "-o", "--output", metavar="SCHEDULE", required=True, help="schedule file to write"
+        "-o",
+        "--output",
+        metavar="SCHEDULE",
+        required=True,
+        action=OutputPath,
+        help="schedule file to write (replaced atomically: readers see the old or the new file)",
     )
     p.add_argument(
         "--fusion",
@@ -62,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--robust-tolerance",
-        type=float,
+        **float_in(0.0, 1.0, hi_open=True),
         metavar="F",
         default=None,
         help="relative nominal slow-down a robust choice may cost (default 0.005)",
@@ -100,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     )
     save_schedule(result.schedule, args.output)
     for w in result.warnings:
-        sys.stderr.write(f"pace: warning: {w}\n")
+        warn(w)
 
     sizes = {t.name: t.size_bytes for t in result.trace.tensors}
     groups: list[tuple[list[str], int]] = [

@@ -19,8 +19,19 @@ import sys
 import time
 from typing import Any
 
+from pace.cli._options import (
+    MAX_BANDWIDTH_GBPS,
+    MIN_BANDWIDTH_GBPS,
+    OutputPath,
+    float_in,
+    int_in,
+)
 from pace.cli._output import print_json, print_table
 from pace.errors import InputError
+from pace.io import MAX_TENSOR_BYTES, MAX_WORKERS
+
+# Iterations, batch sizes, image sizes...: bounded so that no flag can ask for an absurd run.
+_MAX_COUNT = 2**20
 
 _SUFFIX = {"": 1, "k": 1024, "kb": 1024, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
 
@@ -36,8 +47,12 @@ def _size(text: str) -> int:
         raise InputError(
             f"not a size: {text!r} (use e.g. 4096, 64K, 16M)", where="--sizes"
         ) from exc
-    if value < 4:
-        raise InputError(f"sizes must be >= 4 bytes, got {text!r}", where="--sizes")
+    # NaN fails the comparison; 1e400 is inf and would overflow int().
+    if not 4 <= value <= MAX_TENSOR_BYTES:
+        raise InputError(
+            f"sizes must be >= 4 bytes and <= {MAX_TENSOR_BYTES} (2**48), got {text!r}",
+            where="--sizes",
+        )
     return int(value)
 
 
@@ -63,13 +78,26 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
             "pace:lstm-seq2seq, pace:vgg-cifar"
         ),
     )
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--iters", type=int, default=5, help="measured iterations (medians)")
-    p.add_argument("--warmup", type=int, default=2, help="unmeasured iterations first")
-    p.add_argument("--image-size", type=int, default=224, help="torchvision models: H = W")
-    p.add_argument("--num-classes", type=int, default=1000, help="torchvision models")
-    p.add_argument("--seq-len", type=int, default=64, help="built-in sequence models")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--batch-size", **int_in(1, _MAX_COUNT), default=8)
+    p.add_argument(
+        "--iters", **int_in(1, _MAX_COUNT), default=5, help="measured iterations (medians)"
+    )
+    p.add_argument(
+        "--warmup", **int_in(0, _MAX_COUNT), default=2, help="unmeasured iterations first"
+    )
+    p.add_argument("--image-size", **int_in(1, _MAX_COUNT), default=224, help="torchvision: H = W")
+    p.add_argument(
+        "--num-classes", **int_in(1, _MAX_COUNT), default=1000, help="torchvision models"
+    )
+    p.add_argument(
+        "--seq-len", **int_in(1, _MAX_COUNT), default=64, help="built-in sequence models"
+    )
+    p.add_argument(
+        "--threads",
+        **int_in(1, 4096),
+        default=1,
+        help="torch intra-op threads (default 1)",
+    )
     p.add_argument(
         "--timing",
         choices=("span", "kernel"),
@@ -82,11 +110,21 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="keep only data dependencies (drop the one-stream order edges)",
     )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", **int_in(0, 2**63 - 1), default=0)
     p.add_argument("--comm", metavar="FILE", help="measured cost model (pace profile-comm)")
-    p.add_argument("--workers", type=int, help="what-if: number of workers (default 8)")
-    p.add_argument("--bandwidth-gbps", type=float, help="what-if: ring bandwidth (default 10)")
-    p.add_argument("-o", "--output", required=True, help="trace file (.json or .json.gz)")
+    p.add_argument(
+        "--workers",
+        **int_in(1, MAX_WORKERS),
+        help="what-if: number of workers (default 8)",
+    )
+    p.add_argument(
+        "--bandwidth-gbps",
+        **float_in(MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS),
+        help="what-if: ring bandwidth (default 10)",
+    )
+    p.add_argument(
+        "-o", "--output", required=True, action=OutputPath, help="trace file (.json or .json.gz)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=run_profile)
@@ -97,17 +135,24 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Time all-reduce over a size sweep with W real processes; fit the cost.",
     )
     c.add_argument("--backend", choices=("gloo", "horovod"), default="gloo")
-    c.add_argument("--workers", type=int, default=2)
+    c.add_argument("--workers", **int_in(1, MAX_WORKERS), default=2)
     c.add_argument("--sizes", help="comma-separated sizes in bytes (64K, 16M ...)")
     c.add_argument(
         "--for-trace",
         metavar="TRACE",
         help="sweep from the smallest to the largest gradient tensor of this trace",
     )
-    c.add_argument("--reps", type=int, default=10, help="timed all-reduces per size (median)")
-    c.add_argument("--warmup", type=int, default=2)
-    c.add_argument("-o", "--output", required=True, help="comm.json to write")
-    c.add_argument("--plot", metavar="PNG", help="also plot the samples and the fit")
+    c.add_argument(
+        "--reps",
+        **int_in(1, _MAX_COUNT),
+        default=10,
+        help="timed all-reduces per size (median)",
+    )
+    c.add_argument("--warmup", **int_in(0, _MAX_COUNT), default=2)
+    c.add_argument("-o", "--output", required=True, action=OutputPath, help="comm.json to write")
+    c.add_argument(
+        "--plot", metavar="PNG", action=OutputPath, help="also plot the samples and the fit"
+    )
     c.add_argument("--json", action="store_true", help="print the fit as one JSON object")
     c.set_defaults(func=run_profile_comm)
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pace.cli._options import OutputPath, float_in, int_in
 from pace.cli._output import print_json, print_table
 from pace.errors import InputError
+from pace.io import MAX_ITEMS
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -27,15 +29,34 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--observed", required=True, metavar="STATS", help="stats.json dumped by the runtime"
     )
-    p.add_argument("-o", "--output", required=True, metavar="SCHEDULE", help="schedule to write")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="SCHEDULE",
+        action=OutputPath,
+        help="schedule to write (replaced atomically)",
+    )
     p.add_argument(
         "--schedule", metavar="CURRENT", help="the schedule that was running (to predict the gain)"
     )
-    p.add_argument("--trace-out", metavar="FILE", help="also write the re-estimated trace")
-    p.add_argument("--window", type=int, default=20, metavar="N", help="iterations (default 20)")
+    p.add_argument(
+        "--trace-out",
+        metavar="FILE",
+        action=OutputPath,
+        help="also write the re-estimated trace",
+    )
+    p.add_argument(
+        "--window",
+        **int_in(1, MAX_ITEMS),
+        default=20,
+        metavar="N",
+        help="iterations (default 20)",
+    )
     p.add_argument(
         "--gain-threshold",
-        type=float,
+        # A relative gain is at most 1: a larger threshold would never switch.
+        **float_in(0.0, 1.0),
         default=0.05,
         metavar="G",
         help="switch only above this predicted relative gain (default 0.05, AutoByte's)",
@@ -44,6 +65,40 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--solver", default="exact", choices=("exact", "lp"))
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
+
+
+def _check_bounds(stats: Any, where: str) -> None:
+    """The trace bounds (docs/trace-format.md, "Bounds") on a run's statistics.
+
+    The stats reader checks types and signs; a time of 1e308 us would still overflow the
+    re-estimated trace (its durations, the fit of alpha and beta) into inf. Checked here, where
+    the file enters the command, naming the file and the field.
+    """
+    from pace.io import MAX_DURATION_US, MAX_TENSOR_BYTES, MIN_NONZERO_US
+
+    def check(value: float | None, field: str) -> None:
+        if value is not None and not (value == 0 or MIN_NONZERO_US <= value <= MAX_DURATION_US):
+            raise InputError(
+                f"must be 0 or in [{MIN_NONZERO_US:g}, {MAX_DURATION_US:g}] us (at most a day), "
+                f"got {value!r}",
+                where=where,
+                field=field,
+            )
+
+    for i, it in enumerate(stats.iterations):
+        path = f"iterations[{i}]"
+        for key in ("iteration_us", "backward_us", "forward_us"):
+            check(getattr(it, key), f"{path}.{key}")
+        for name, value in it.grad_ready_us.items():
+            check(value, f"{path}.grad_ready_us.{name}")
+        for j, (size, value) in enumerate(it.unit_samples):
+            check(value, f"{path}.units[{j}]")
+            if size > MAX_TENSOR_BYTES:
+                raise InputError(
+                    f"bytes must be <= {MAX_TENSOR_BYTES} (2**48), got {size}",
+                    where=where,
+                    field=f"{path}.units[{j}]",
+                )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(str(exc), where="--gain-threshold") from None
     trace = load_trace(args.trace)
     stats = ObservedStats.load(args.observed)
+    _check_bounds(stats, args.observed)
     current = load_schedule(args.schedule, trace=trace) if args.schedule else None
     try:
         res = recompile(
@@ -74,7 +130,12 @@ def run(args: argparse.Namespace) -> int:
             trigger_options=trig_opts,
         )
     except InputError as exc:
-        raise exc.located(args.observed) from None
+        if exc.where in ("", "samples"):
+            # The re-estimate's errors (the fit of alpha and beta to the run's unit times names
+            # its own "samples") come from the observed file: the user's to fix.
+            field = f"{exc.where}{exc.field}" if exc.where else exc.field
+            raise InputError(exc.detail, where=args.observed, field=field) from None
+        raise
     save_schedule(res.schedule, args.output)
     if args.trace_out:
         save_trace(res.trace, args.trace_out)

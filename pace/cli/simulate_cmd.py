@@ -16,26 +16,15 @@ import dataclasses
 import math
 from typing import Any
 
-from pace.cli._options import add_what_if_options
+from pace.cli._options import add_credit_options, add_what_if_options
 from pace.cli._output import print_json, print_table
-from pace.errors import InputError
+from pace.errors import InputError, LimitError
 
 
 def add_trace_options(p: argparse.ArgumentParser) -> None:
     """Options shared with ``pace compare``: the what-if cost model and simulator modes."""
     add_what_if_options(p)
-    p.add_argument(
-        "--credit",
-        type=int,
-        metavar="N",
-        help="units in flight at once, sharing the bandwidth (default: the policy's, else 1)",
-    )
-    p.add_argument(
-        "--credit-bytes",
-        type=int,
-        metavar="B",
-        help="byte window: start another unit only while fewer bytes are in flight",
-    )
+    add_credit_options(p)
     p.add_argument(
         "--barrier",
         action=argparse.BooleanOptionalAction,
@@ -91,6 +80,7 @@ def load_trace_and_schedule(
     path = schedule_path if schedule_path is not None else getattr(args, "schedule", None)
     if path is not None:
         schedule = load_schedule(path, trace=trace)
+        # In range: pace.io checks meta.compute_speedup and names the schedule file.
         recorded = schedule.meta.get("compute_speedup")
         if speedup is None and isinstance(recorded, int | float) and not isinstance(recorded, bool):
             speedup = float(recorded)
@@ -119,7 +109,29 @@ def sim_options(args: argparse.Namespace) -> Any:
             credit_bytes=args.credit_bytes,
         )
     except InputError as exc:
-        raise InputError(exc.detail, where=f"--{exc.field.replace('_', '-')}") from None
+        raise InputError(exc.detail, where=_OPTION_FLAGS.get(exc.field, "options")) from None
+
+
+# SimOptions fields and the flags that set them, so that the simulator's errors about an
+# option name what the user typed.
+_OPTION_FLAGS = {
+    "credit": "--credit",
+    "credit_bytes": "--credit-bytes",
+    "barrier": "--barrier",
+    "one_compute_stream": "--one-compute-stream",
+}
+
+
+def replay(trace: Any, policy: Any, options: Any) -> Any:
+    """``pace.sim.simulate``, with an error about a simulator option blamed on its flag."""
+    from pace.sim import simulate
+
+    try:
+        return simulate(trace, policy, options=options)
+    except InputError as exc:
+        if not exc.where and exc.field in _OPTION_FLAGS:
+            raise InputError(exc.detail, where=_OPTION_FLAGS[exc.field]) from None
+        raise
 
 
 def result_summary(res: Any) -> dict[str, Any]:
@@ -142,8 +154,6 @@ def result_summary(res: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pace.sim import simulate
-
     trace, schedule = load_trace_and_schedule(args)
     options = sim_options(args)
     policy: Any
@@ -159,7 +169,10 @@ def run(args: argparse.Namespace) -> int:
                 f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}", where="--policy"
             )
         policy = args.policy
-    res = simulate(trace, policy, options=options)
+    try:
+        res = replay(trace, policy, options)
+    except LimitError as exc:
+        raise InputError(exc.detail, where="--policy") from None
     out = result_summary(res)
     out["trace"] = str(args.trace)
     if predicted is not None:

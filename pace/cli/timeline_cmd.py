@@ -15,9 +15,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pace.cli._options import OutputPath
 from pace.cli._output import print_json, print_table
-from pace.cli.simulate_cmd import add_trace_options, load_trace_and_schedule, sim_options
-from pace.errors import InputError
+from pace.cli.simulate_cmd import add_trace_options, load_trace_and_schedule, replay, sim_options
+from pace.errors import InputError, LimitError
+from pace.io import write_atomic
 
 FORMATS: tuple[str, ...] = ("png", "chrome")
 
@@ -38,7 +40,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default="fifo",
         help="comma-separated baseline policies to show first (default: fifo; see pace compare)",
     )
-    p.add_argument("-o", "--output", required=True, metavar="OUT", help="file to write")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT",
+        action=OutputPath,
+        help="file to write (replaced atomically)",
+    )
     p.add_argument(
         "--format",
         choices=FORMATS,
@@ -69,27 +78,28 @@ def baseline_names(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pace.sim import simulate
     from pace.timeline import build_timeline, render_png, to_chrome
 
     fmt = output_format(args)
     names = baseline_names(args)
     options = sim_options(args)
     trace, schedule = load_trace_and_schedule(args)
-    runs = {name: simulate(trace, name, options=options) for name in names}
+    try:
+        runs = {name: replay(trace, name, options) for name in names}
+    except LimitError as exc:
+        raise InputError(exc.detail, where="--baseline") from None
     if schedule is not None:
-        runs["pace"] = simulate(trace, schedule, options=options)
+        runs["pace"] = replay(trace, schedule, options)
     timeline = build_timeline(trace, runs)
     out = Path(args.output)
     try:
         if fmt == "chrome":
-            out.write_text(json.dumps(to_chrome(timeline), allow_nan=False) + "\n")
+            text = json.dumps(to_chrome(timeline, trace=trace), allow_nan=False) + "\n"
+            write_atomic(out, text.encode("ascii"))
         else:
             render_png(timeline, out)
     except ImportError as exc:
         raise InputError(str(exc), where="--format") from None
-    except OSError as exc:
-        raise InputError(f"cannot write: {exc.strerror or exc}", where=str(out)) from None
     # A list, not an object: print_json sorts keys, and the order is the panel order.
     summary = [
         {

@@ -29,7 +29,6 @@ import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pace.errors import InputError
@@ -127,7 +126,10 @@ class ObservedStats:
             text = json.dumps(self.to_dict(), allow_nan=False, ensure_ascii=False, indent=1)
         except (TypeError, ValueError) as exc:
             raise InputError(f"cannot write as JSON: {exc}", where=str(path)) from None
-        Path(path).write_text(text + "\n", encoding="utf-8")
+        from pace.io import write_atomic
+
+        # A reader (pace recompile) sees the old file or the new one, never a half-written one.
+        write_atomic(path, (text + "\n").encode("utf-8"))
 
     @staticmethod
     def load(path: PathLike) -> ObservedStats:

@@ -16,11 +16,12 @@ compile pipeline falls back to ``solver="exact"`` on any :class:`~pace.errors.So
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Any
 
-from pace.errors import InputError
+from pace.errors import InputError, LimitError
 from pace.ir import FusionPlan, Schedule, Trace, Unit
 from pace.lp.exact import ExactSolution, solve_exact
 from pace.lp.extract import (
@@ -312,7 +313,11 @@ def schedule(
         best_us = min(v[0] for v in verified)
         # A robust choice may cost up to the tolerance: it must not lose to P3 either.
         reach_us = best_us * (1.0 + robust_tolerance) if robust else best_us
-        p3 = simulate(trace, "p3") if p3_bound < reach_us else None
+        p3 = None
+        if p3_bound < reach_us:
+            # Over the simulator's unit limit P3 is no candidate (it is no baseline either).
+            with contextlib.suppress(LimitError):
+                p3 = simulate(trace, "p3")
         if p3 is not None:
             p3_us = p3.iteration_us
             p3_units = tuple(p3.units)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
-import math
 import os
 import shutil
 import socket
@@ -256,26 +255,32 @@ def comm_to_dict(fit: CommFit) -> dict[str, Any]:
 
 
 def save_comm(fit: CommFit, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(comm_to_dict(fit), indent=1) + "\n")
+    """Write ``comm.json``, atomically (``pace.io.write_atomic``)."""
+    from pace.io import write_atomic
+
+    try:
+        text = json.dumps(comm_to_dict(fit), indent=1, allow_nan=False) + "\n"
+    except ValueError as exc:
+        raise InputError(f"cannot write as JSON: {exc}", where=str(path)) from None
+    write_atomic(path, text.encode("utf-8"))
 
 
 def load_comm(path: str | Path) -> CommModel:
-    """A cost model from a ``comm.json`` (``pace profile-comm``) or from a trace's ``comm``."""
-    where = str(path)
-    try:
-        if where.endswith(".gz"):
-            import gzip
+    """A cost model from a ``comm.json`` (``pace profile-comm``) or from a trace's ``comm``.
 
-            with gzip.open(where, "rt") as fh:
-                obj = json.load(fh)
-        else:
-            obj = json.loads(Path(where).read_text())
-    except FileNotFoundError as exc:
-        raise InputError("file not found", where=where) from exc
-    except (OSError, ValueError) as exc:
-        raise InputError(f"not valid JSON: {exc}", where=where) from exc
-    if not isinstance(obj, dict):
-        raise InputError("expected a JSON object", where=where)
+    Read as strictly as a trace (``pace.io.load_json``: regular files only, strict JSON) and held
+    to the same bounds, so the trace it ends up in can be read back.
+    """
+    from pace.io import (
+        MAX_BETA_US_PER_BYTE,
+        MAX_DURATION_US,
+        MAX_TENSOR_BYTES,
+        MAX_WORKERS,
+        load_json,
+    )
+
+    where = str(path)
+    obj: Any = load_json(path)
     if obj.get("format") == "pace.trace":
         obj = obj.get("comm")
         if not isinstance(obj, dict):
@@ -288,15 +293,26 @@ def load_comm(path: str | Path) -> CommModel:
         beta = obj["beta_us_per_byte"]
     except KeyError as exc:
         raise InputError("missing key", where=where, field=str(exc.args[0])) from exc
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise InputError("must be an integer >= 1", where=where, field="workers")
-    for key, v in (("alpha_us", alpha), ("beta_us_per_byte", beta)):
+    if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= MAX_WORKERS:
+        raise InputError(
+            f"must be an integer >= 1 and <= {MAX_WORKERS}", where=where, field="workers"
+        )
+    for key, v, most in (
+        ("alpha_us", alpha, MAX_DURATION_US),
+        ("beta_us_per_byte", beta, MAX_BETA_US_PER_BYTE),
+    ):
         ok = isinstance(v, int | float) and not isinstance(v, bool)
-        if not ok or not math.isfinite(v) or v < 0:
-            raise InputError("must be a finite number >= 0", where=where, field=key)
+        if not ok or not 0 <= v <= most:
+            raise InputError(
+                f"must be a finite number >= 0 and <= {most:g}", where=where, field=key
+            )
     samples: tuple[tuple[int, float], ...] = ()
     with contextlib.suppress(TypeError, ValueError):
         samples = tuple((int(b), float(u)) for b, u in obj.get("samples", []))
+    # Samples are informative only: out-of-range ones are dropped like malformed ones above.
+    samples = tuple(
+        (b, u) for b, u in samples if 0 <= b <= MAX_TENSOR_BYTES and 0 <= u <= MAX_DURATION_US
+    )
     return CommModel(
         workers=workers,
         alpha_us=float(alpha),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+from pace.io import write_atomic
 from pace.profiler.comm import CommFit
 
 
@@ -35,5 +37,7 @@ def plot_comm(fit: CommFit, path: str | Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(str(path), dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
+    write_atomic(path, png.getvalue())

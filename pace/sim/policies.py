@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pace.errors import InputError
+from pace.errors import InputError, LimitError
 from pace.ir import Slice, Unit
 from pace.sim.core import CycleFusion, Plan, Policy, SimOptions, SimResult, simulate
 from pace.sim.prepared import Prepared
@@ -42,6 +42,14 @@ TUNE_PARTITION_BYTES: tuple[int, ...] = tuple(
     sorted({2**e * KIB for e in range(6, 17)} | {BYTESCHEDULER_PARTITION_BYTES})
 )
 TUNE_CREDITS: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
+# Work limits (docs/simulator.md, "Work limits"): a replay costs about 8 us per unit, so
+# P3's 160 KiB slices of a large trace are the one place where valid input could take minutes
+# (256 TiB, the largest trace allowed, is 1.7e9 slices). Above MAX_PARTITION_UNITS a
+# partitioning policy is refused with LimitError (pace compare and compile leave it out with a
+# warning); a bytescheduler-tuned grid point above TUNE_MAX_UNITS is skipped, since the grid
+# replays each point once per credit.
+MAX_PARTITION_UNITS = 2**20
+TUNE_MAX_UNITS = 2**16
 
 _BARRIER = SimOptions(barrier=True)
 
@@ -74,6 +82,13 @@ def partition_units(prep: Prepared, order: Iterable[int], partition_bytes: int) 
     """
     if partition_bytes < 1:
         raise InputError(f"must be >= 1, got {partition_bytes}", field="partition_bytes")
+    count = partition_count(prep, partition_bytes)
+    if count > MAX_PARTITION_UNITS:
+        raise LimitError(
+            f"cutting the trace's {sum(prep.size_bytes)} bytes into {partition_bytes}-byte "
+            f"partitions gives {count} units, more than the {MAX_PARTITION_UNITS} a replay "
+            "may have (docs/simulator.md, 'Work limits')"
+        )
     units: list[Unit] = []
     names = prep.tensor_names
     for rank, k in enumerate(order):
@@ -87,6 +102,11 @@ def partition_units(prep: Prepared, order: Iterable[int], partition_bytes: int) 
                 )
             )
     return tuple(units)
+
+
+def partition_count(prep: Prepared, partition_bytes: int) -> int:
+    """Units ``partition_units`` would make: ceil(size / partition) summed over tensors."""
+    return sum(-(-size // partition_bytes) for size in prep.size_bytes)
 
 
 def fifo() -> Policy:
@@ -285,6 +305,8 @@ def bytescheduler_tuned(
         best: tuple[float, float, int, int] | None = None
         best_units: tuple[Unit, ...] = ()
         for part in partitions_bytes:
+            if partition_count(prep, part) > TUNE_MAX_UNITS:
+                continue
             units = partition_units(prep, order, part)
             pol = Policy(name="_grid", build=_fixed(units))
             for credit in grid_credits:
@@ -295,7 +317,11 @@ def bytescheduler_tuned(
                 if best is None or key < best:
                     best = key
                     best_units = units
-        assert best is not None
+        if best is None:
+            raise LimitError(
+                f"every grid partition cuts the trace's {sum(prep.size_bytes)} bytes into more "
+                f"than {TUNE_MAX_UNITS} units (docs/simulator.md, 'Work limits')"
+            )
         credit_best = best[2]
         return Plan(
             units=best_units,
@@ -336,10 +362,13 @@ def compare(
     *,
     options: SimOptions | None = None,
     policies: Iterable[str] | None = None,
+    skipped: dict[str, str] | None = None,
 ) -> dict[str, SimResult]:
     """Replay every registered baseline (or ``policies``) on ``trace``.
 
     ``options`` (if given) override every policy's defaults; otherwise each runs with its own.
+    A policy over a work limit (``LimitError``) raises, or with ``skipped`` is left out and
+    recorded there (name -> reason).
     """
     opts = options if options is not None else SimOptions()
     names = list(policies) if policies is not None else list(POLICIES)
@@ -348,5 +377,10 @@ def compare(
         factory = POLICIES.get(name)
         if factory is None:
             raise InputError(f"unknown policy {name!r}", field="policy")
-        out[name] = simulate(trace, factory(), options=opts)
+        try:
+            out[name] = simulate(trace, factory(), options=opts)
+        except LimitError as exc:
+            if skipped is None:
+                raise
+            skipped[name] = exc.detail
     return out
