@@ -31,50 +31,13 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2]))  # the repository, when run as a script
 
 from pace.drift import DriftOptions, ObservedStats, TriggerOptions  # noqa: E402
-from pace.ir import CommModel, Op, Tensor, Trace  # noqa: E402
+from tests.drift_workers.train_switch import build_model  # noqa: E402
+from tests.drift_workers.train_switch import model_trace as switch_trace  # noqa: E402
 
-LAYERS = 8
-WIDTH = 24
+WIDTH = 24  # as train_switch's model
 BATCH = 8
 LR = 0.02
 ALPHA_US = 20_000.0  # what the trace claims per call; loopback is ~100x faster
-BETA_US_PER_BYTE = 0.001
-
-
-def build_model() -> nn.Sequential:
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for _ in range(LAYERS - 1):
-        layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
-    layers.append(nn.Linear(WIDTH, 4))
-    return nn.Sequential(*layers)
-
-
-def model_trace(model: nn.Module) -> Trace:
-    """The window: backward last layer first, then forward first layer first."""
-    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    ops: list[Op] = []
-    prev: tuple[str, ...] = ()
-    for name in reversed(linears):
-        ops.append(Op(name=f"bw.{name}", phase="backward", duration_us=300.0, deps=prev))
-        prev = (f"bw.{name}",)
-    for name in linears:
-        ops.append(Op(name=f"fw.{name}", phase="forward", duration_us=200.0, deps=prev))
-        prev = (f"fw.{name}",)
-    params = dict(model.named_parameters())
-    tensors = tuple(
-        Tensor(
-            name=f"{layer}.{kind}",
-            size_bytes=params[f"{layer}.{kind}"].numel() * 4,
-            producer=f"bw.{layer}",
-            consumers=(f"fw.{layer}",),
-            element_bytes=4,
-        )
-        for layer in linears
-        for kind in ("weight", "bias")
-    )
-    comm = CommModel(workers=2, alpha_us=ALPHA_US, beta_us_per_byte=BETA_US_PER_BYTE)
-    return Trace(model="drift-mlp", ops=tuple(ops), tensors=tensors, comm=comm)
 
 
 def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,7 +125,8 @@ def main() -> int:
             reference = [p.detach().clone() for p in model.parameters()]
 
             model = build_model()
-            trace = model_trace(model)
+            # What the trace claims per call; loopback is ~100x faster.
+            trace = switch_trace(model, alpha_us=ALPHA_US)
             initial = compile_trace(trace, fusion="none", baselines=False, mode=mode).schedule
             stats_dir = tempfile.mkdtemp(prefix="pace-drift-stats-")
             opt: Any = pace.runtime.wrap(

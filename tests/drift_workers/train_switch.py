@@ -67,7 +67,7 @@ def build_model(seed: int = 0) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def model_trace(model: nn.Module) -> Trace:
+def model_trace(model: nn.Module, alpha_us: float = ALPHA_US) -> Trace:
     """A trace of the model's window: backward last layer first, then forward first layer first."""
     linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     ops: list[Op] = []
@@ -91,7 +91,7 @@ def model_trace(model: nn.Module) -> Trace:
         for layer in linears
         for kind in ("weight", "bias")
     )
-    comm = CommModel(workers=2, alpha_us=ALPHA_US, beta_us_per_byte=BETA_US_PER_BYTE)
+    comm = CommModel(workers=2, alpha_us=alpha_us, beta_us_per_byte=BETA_US_PER_BYTE)
     return Trace(model="drift-mlp", ops=tuple(ops), tensors=tensors, comm=comm)
 
 
