@@ -12,10 +12,8 @@ documented bounds and accepts every valid one.
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import json
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from benchmarks.fuzz_cli import (
     Case,
     cycle_cases,
     file_cases,
+    mutated_text,
     name_cases,
     number_cases,
     observed_cases,
@@ -44,73 +43,10 @@ DATA = Path(__file__).parent / "data"
 TINY = load_trace(DATA / "tiny.trace.json")
 TINY_SCHEDULE = json.loads((DATA / "tiny.schedule.json").read_text())
 
-Path_ = tuple[str | int, ...]
 
-junk_values = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**70), 2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=8),
-    st.just([]),
-    st.just({}),
-    st.just(["bw.layer1"]),
-    st.just("bw.layer1"),
-    st.lists(st.integers(-3, 3), max_size=3),
-)
-
-
-def all_paths(obj: Any, prefix: Path_ = ()) -> list[Path_]:
-    out: list[Path_] = [prefix]
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += all_paths(v, (*prefix, k))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += all_paths(v, (*prefix, i))
-    return out
-
-
-def parent_of(obj: Any, path: Path_) -> Any:
-    for key in path[:-1]:
-        obj = obj[key]
-    return obj
-
-
-@st.composite
-def mutated(draw: st.DrawFn, base: dict[str, Any]) -> str:
-    obj = json.loads(json.dumps(base))
-    for _ in range(draw(st.integers(1, 3))):
-        paths = [p for p in all_paths(obj) if p]
-        if not paths:
-            break
-        path = draw(st.sampled_from(paths))
-        parent = parent_of(obj, path)
-        key = path[-1]
-        kind = draw(st.sampled_from(["delete", "replace", "nan", "reorder", "duplicate", "rename"]))
-        if kind == "delete":
-            del parent[key]
-        elif kind == "replace":
-            # A copy: st.just([]) hands out one shared list, which a later edit would grow.
-            parent[key] = copy.deepcopy(draw(junk_values))
-        elif kind == "nan":
-            parent[key] = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
-        elif kind == "reorder" and isinstance(parent[key], list):
-            parent[key] = draw(st.permutations(parent[key]))
-        elif kind == "duplicate" and isinstance(parent, list):
-            parent.append(json.loads(json.dumps(parent[key])))
-        elif kind == "rename" and isinstance(parent, dict):
-            parent[draw(st.sampled_from(["name", "bytes", "x", "deps", "format"]))] = parent.pop(
-                key
-            )
-    text = json.dumps(obj, allow_nan=True)
-    if draw(st.booleans()):
-        cut = draw(st.integers(0, len(text)))
-        text = text[:cut]
-    if draw(st.integers(0, 9)) == 0:
-        pos = draw(st.integers(0, len(text)))
-        text = text[:pos] + draw(st.text(max_size=4)) + text[pos:]
-    return text
+def mutated(base: dict[str, Any]) -> st.SearchStrategy[str]:
+    """The fuzzer's own mutation (``benchmarks/fuzz_cli.py``), as text."""
+    return mutated_text(base).map(lambda b: b.decode("utf-8", errors="surrogatepass"))
 
 
 @st.composite
