@@ -424,7 +424,7 @@ def write_atomic(path: PathLike, data: bytes) -> None:
     ``data`` goes to a temporary file in the same directory (same file system, so the rename is
     atomic), is flushed and fsync'ed, and is renamed over ``path``; the directory is then
     fsync'ed so the rename itself survives a crash. Killed at any point, the process leaves
-    ``path`` as it was or complete (at worst a stray ``.NAME.XXXXXXXX.tmp`` beside it after a
+    ``path`` as it was or complete (at worst a stray ``.NAME.<8 random characters>.tmp`` beside it after a
     SIGKILL; on an error or an interrupt the temporary file is removed). A symbolic link keeps
     pointing at the new file, and an existing file keeps its permission bits. A target that
     exists but is not a regular file (``/dev/null``, ``/dev/stdout``, a FIFO) cannot be
@@ -564,6 +564,10 @@ class _Reader:
             raise self.err(field, f"must be <= {maximum} ({why}), got {_show(v)}")
         return v
 
+    def bytes_(self, v: Any, field: str, *, minimum: int) -> int:
+        """A byte count or offset: an integer within one tensor's bound."""
+        return self.int_(v, field, minimum=minimum, maximum=MAX_TENSOR_BYTES, why=_WHY_BYTES)
+
     def num(
         self,
         v: Any,
@@ -645,13 +649,7 @@ def _tensor_from(r: _Reader, v: Any, path: str) -> Tensor:
     consumers = r.names(o["consumers"], f"{path}.consumers") if "consumers" in o else ()
     return Tensor(
         name=r.str_(r.req(o, "name", path), f"{path}.name"),
-        size_bytes=r.int_(
-            r.req(o, "bytes", path),
-            f"{path}.bytes",
-            minimum=1,
-            maximum=MAX_TENSOR_BYTES,
-            why=_WHY_BYTES,
-        ),
+        size_bytes=r.bytes_(r.req(o, "bytes", path), f"{path}.bytes", minimum=1),
         producer=r.str_(r.req(o, "producer", path), f"{path}.producer"),
         consumers=consumers,
         element_bytes=(
@@ -674,13 +672,7 @@ def _comm_from(r: _Reader, v: Any, path: str, *, with_samples: bool = True) -> C
                 raise r.err(f"{field}[{i}]", f"must be a [bytes, us] pair, got {_show(pt)}")
             pts.append(
                 (
-                    r.int_(
-                        pt[0],
-                        f"{field}[{i}][0]",
-                        minimum=0,
-                        maximum=MAX_TENSOR_BYTES,
-                        why=_WHY_BYTES,
-                    ),
+                    r.bytes_(pt[0], f"{field}[{i}][0]", minimum=0),
                     r.num(pt[1], f"{field}[{i}][1]", bound=_US),
                 )
             )
@@ -795,20 +787,8 @@ def _slice_from(r: _Reader, v: Any, path: str) -> Slice:
     o = r.obj(v, path)
     return Slice(
         tensor=r.str_(r.req(o, "tensor", path), f"{path}.tensor"),
-        offset_bytes=r.int_(
-            r.req(o, "offset", path),
-            f"{path}.offset",
-            minimum=0,
-            maximum=MAX_TENSOR_BYTES,
-            why=_WHY_BYTES,
-        ),
-        size_bytes=r.int_(
-            r.req(o, "bytes", path),
-            f"{path}.bytes",
-            minimum=1,
-            maximum=MAX_TENSOR_BYTES,
-            why=_WHY_BYTES,
-        ),
+        offset_bytes=r.bytes_(r.req(o, "offset", path), f"{path}.offset", minimum=0),
+        size_bytes=r.bytes_(r.req(o, "bytes", path), f"{path}.bytes", minimum=1),
     )
 
 
