@@ -425,8 +425,9 @@ def write_atomic(path: PathLike, data: bytes) -> None:
     atomic), is flushed and fsync'ed, and is renamed over ``path``; the directory is then
     fsync'ed so the rename itself survives a crash. Killed at any point, the process leaves
     ``path`` as it was or complete (at worst a stray ``.NAME.<8 random characters>.tmp``
-    beside it after a SIGKILL; on an error or an interrupt the temporary file is removed). A symbolic link keeps
-    pointing at the new file, and an existing file keeps its permission bits. A target that
+    beside it after a SIGKILL; on an error or an interrupt the temporary file is removed). A
+    symbolic link keeps pointing at the new file, and an existing file keeps its permission
+    bits. A target that
     exists but is not a regular file (``/dev/null``, ``/dev/stdout``, a FIFO) cannot be
     renamed over and is written in place. Every writer of a user file in pace goes through this.
     Raises ``InputError`` naming ``path``.
