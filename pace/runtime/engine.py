@@ -20,6 +20,7 @@ at its next call into the runtime.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import queue
@@ -562,7 +563,7 @@ class Engine:
         else:
             buf, copy_back, extra_at = self._pack(unit, extra)
         values: list[float] = []
-        with self._cv:
+        with self._cv if extra else contextlib.nullcontext():
             if bitmap:
                 # Which gradients are ready here, now; the average over ranks is 1 only for the
                 # gradients ready on every rank, which every rank then learns identically.
