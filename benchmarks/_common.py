@@ -54,6 +54,6 @@ def geomean(xs: Iterable[float]) -> float:
 
 def compute_only_us(trace: Trace) -> float:
     """The compute-only critical path of ``trace`` (no communication at all), in us."""
-    from pace.sim import compute_critical_path_us
+    from pace.analysis import analyze
 
-    return float(compute_critical_path_us(trace))
+    return float(analyze(trace).critical_path_us)

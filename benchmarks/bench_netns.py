@@ -453,7 +453,8 @@ def predictions_ms(
     """
     from pace.compiler import apply_what_if, sync_trace
     from pace.runtime import ONLINE_CREDIT_BYTES, RuntimeOptions
-    from pace.sim import SimOptions, compute_critical_path_us, schedule_policy, simulate
+    from pace.analysis import analyze
+    from pace.sim import SimOptions, schedule_policy, simulate
     from pace.sim.policies import bytescheduler
 
     opts = RuntimeOptions()
@@ -470,7 +471,7 @@ def predictions_ms(
         "pace": simulate(trace, schedule_policy(schedule)).iteration_us,
         "pace-sync": simulate(sync_trace(trace), schedule_policy(sync_schedule)).iteration_us,
         "online": simulate(trace, online, options=sharing).iteration_us,
-        "local": compute_critical_path_us(trace),
+        "local": analyze(trace).critical_path_us,
     }
     if backend == "horovod":
         pred["vanilla"] = simulate(trace, "horovod").iteration_us

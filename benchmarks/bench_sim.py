@@ -3,7 +3,7 @@
 Traces from ``pace.synth.random_trace(n_layers=L, ops_per_layer=20)`` (20 ops and 1-2 gradient
 tensors per layer). Times are medians over ``--repeat`` runs, in milliseconds:
 
-* ``prepare``: the per-trace compilation, once per trace (cached by identity afterwards);
+* ``analyze``: the per-trace analysis, once per trace (cached by identity afterwards);
 * ``replay``: one default-mode replay of one unit per tensor (the oracle call of the fusion and
   scheduler stages), op times not materialised;
 * ``+op times``: the same replay with the per-op timeline read (lazy, computed on first access);
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pace.sim import SimOptions, simulate, units_policy
 from pace.sim.core import _simulate
 from pace.sim.policies import partition_units
-from pace.sim.prepared import _build, prepare
+from pace.analysis import _build, analyze
 from pace.synth import random_trace
 
 
@@ -39,7 +39,7 @@ def median_ms(fn: Callable[[], object], repeat: int) -> float:
 
 def row_for(layers: int, r: int) -> list[float | int]:
     trace = random_trace(seed=7, n_layers=layers, ops_per_layer=20)
-    prep = prepare(trace)
+    prep = analyze(trace)
     units = partition_units(prep, prep.ready_order, max(prep.size_bytes))
     pol = units_policy(units)
     stream = SimOptions(one_compute_stream=True)
@@ -66,7 +66,7 @@ def main() -> None:
         "layers",
         "ops",
         "tensors",
-        "prepare",
+        "analyze",
         "replay",
         "+op times",
         "credit 4",

@@ -118,9 +118,9 @@ def sync_trace(trace: Trace) -> Trace:
     ... ).iteration_us
     True
     """
-    from pace.sim.prepared import prepare
+    from pace.analysis import analyze
 
-    prep = prepare(trace)
+    prep = analyze(trace)
     gated = prep.gated
     roots = tuple(
         trace.ops[i].name
@@ -134,6 +134,22 @@ def sync_trace(trace: Trace) -> Trace:
         for t in trace.tensors
     )
     return dataclasses.replace(trace, tensors=tensors, meta={**trace.meta, "mode": "sync"})
+
+
+def best_lower_bound_us(trace: Trace) -> tuple[float, str]:
+    """The best available lower bound on any policy's iteration time, and its name.
+
+    The zero-overhead optimal preemptive makespan (``pace.lp.lower_bound_us``), else (its
+    solver failed) the compute critical path.
+    """
+    from pace.analysis import analyze
+    from pace.lp import lower_bound_us
+
+    try:
+        return float(lower_bound_us(trace)), "optimal-preemptive"
+    except SolverError:
+        # A bound is a reference line, not worth failing a comparison over.
+        return analyze(trace).critical_path_us, "critical-path"
 
 
 def compile_trace(

@@ -202,7 +202,7 @@ def test_reduction_rejects_lemma1_violation() -> None:
     )
     with pytest.raises(InputError, match="Lemma 1") as info:
         reduction(trace)
-    assert info.value.field == "tensors[0].producer"
+    assert info.value.field == "tensors[0].consumers"
 
 
 def test_reduction_rejects_cycle_and_bad_plan() -> None:

@@ -86,8 +86,8 @@ def test_zero_jitter_worlds_are_the_nominal_reduction() -> None:
         assert worlds.compute_makespan_us[w] == pytest.approx(timing.compute_makespan_us)
     s = schedule(trace)
     red = reduction(trace)
-    nominal = replay_us(red, trace.comm, s.units)
-    assert jittered_replays_us(worlds, trace.comm, s.units) == pytest.approx([nominal] * 3)
+    nominal = replay_us(red, s.units)
+    assert jittered_replays_us(worlds, s.units) == pytest.approx([nominal] * 3)
     # Deterministic: the same seed gives the same worlds.
     a = jitter_worlds(trace, samples=4, sd=0.05, seed=7).release_us
     b = jitter_worlds(dataclasses.replace(trace), samples=4, sd=0.05, seed=7).release_us
@@ -102,7 +102,7 @@ def test_jittered_replay_matches_the_simulator_on_a_jittered_trace() -> None:
     worlds = jitter_worlds(trace, samples=samples, sd=sd, seed=seed)
     factors = np.random.default_rng(seed).lognormal(0.0, sd, size=(len(trace.ops), samples))
     s = schedule(trace, robust=True)
-    got = jittered_replays_us(worlds, trace.comm, s.units)
+    got = jittered_replays_us(worlds, s.units)
     for w in range(samples):
         ops = tuple(
             dataclasses.replace(o, duration_us=o.duration_us * float(factors[i, w]))

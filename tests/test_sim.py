@@ -6,19 +6,18 @@ import dataclasses
 
 import pytest
 
+from pace.analysis import analyze
 from pace.errors import InputError
 from pace.ir import CommModel, Op, Schedule, Slice, Tensor, Trace, Unit
 from pace.sim import (
     POLICIES,
     SimOptions,
     compare,
-    compute_critical_path_us,
     schedule_policy,
     simulate,
     units_policy,
 )
 from pace.sim.policies import bytescheduler, ddp, horovod, p3, partition_units
-from pace.sim.prepared import prepare
 
 
 def chain_trace(
@@ -120,7 +119,7 @@ def test_barrier_holds_the_forward_pass_until_all_communication_ends() -> None:
 
 
 def test_critical_path_of_tiny_is_30() -> None:
-    assert compute_critical_path_us(tiny()) == 30
+    assert analyze(tiny()).critical_path_us == 30
 
 
 def test_credit_two_shares_the_bandwidth() -> None:
@@ -198,7 +197,7 @@ def test_p3_default_slice_is_160_kib() -> None:
         [("bw", "backward", 1), ("fw", "forward", 1)],
         [("w", 400 * 1024, "bw", ("fw",))],
     )
-    units = partition_units(prepare(trace), (0,), 160 * 1024)
+    units = partition_units(analyze(trace), (0,), 160 * 1024)
     assert [u.size_bytes for u in units] == [160 * 1024, 160 * 1024, 80 * 1024]
     assert [u.slices[0].offset_bytes for u in units] == [0, 160 * 1024, 320 * 1024]
     assert len(simulate(trace, "p3").units) == 3

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pace.analysis import analyze
+from pace.compiler import best_lower_bound_us
 from pace.ir import Trace, Unit
 from pace.sim import (
     POLICIES,
     SimOptions,
     SimResult,
-    compute_critical_path_us,
-    lower_bound_us,
     simulate,
     units_policy,
 )
@@ -29,7 +29,6 @@ from pace.sim.policies import (
     layer_order,
     partition_units,
 )
-from pace.sim.prepared import prepare
 from tests.strategies import traces
 
 FAST_POLICIES = [n for n in POLICIES if n != "bytescheduler-tuned"]
@@ -41,13 +40,13 @@ def close(a: float, b: float) -> bool:
 
 
 def one_unit_per_tensor_in_ready_order(trace: Trace) -> tuple[Unit, ...]:
-    prep = prepare(trace)
+    prep = analyze(trace)
     return partition_units(prep, prep.ready_order, max(prep.size_bytes))
 
 
 def check_timeline(trace: Trace, res: SimResult) -> None:
     """An independent check that a replay obeys the contract (ideal compute, credit 1)."""
-    prep = prepare(trace)
+    prep = analyze(trace)
     start, finish = res.op_start_us, res.op_finish_us
     # Units: start after all their tensors were produced, never overlap, and when one starts
     # no unit with a smaller priority was ready and waiting.
@@ -88,8 +87,8 @@ def check_timeline(trace: Trace, res: SimResult) -> None:
 @settings(max_examples=40)
 @given(traces())
 def test_every_policy_is_at_least_the_lower_bound(trace: Trace) -> None:
-    bound, _ = lower_bound_us(trace)
-    cp = compute_critical_path_us(trace)
+    bound, _ = best_lower_bound_us(trace)
+    cp = analyze(trace).critical_path_us
     for name in FAST_POLICIES:
         res = simulate(trace, name)
         assert res.iteration_us >= cp - EPS, name
@@ -100,7 +99,7 @@ def test_every_policy_is_at_least_the_lower_bound(trace: Trace) -> None:
 @given(traces(max_layers=5))
 def test_tuned_bytescheduler_is_at_least_the_bound_and_at_most_the_default(trace: Trace) -> None:
     tuned = simulate(trace, "bytescheduler-tuned")
-    assert tuned.iteration_us >= compute_critical_path_us(trace) - EPS
+    assert tuned.iteration_us >= analyze(trace).critical_path_us - EPS
     assert tuned.iteration_us <= simulate(trace, bytescheduler()).iteration_us + EPS
 
 
@@ -192,7 +191,7 @@ def test_processor_sharing_conserves_work(trace: Trace, credit: int) -> None:
 @settings(max_examples=20)
 @given(traces())
 def test_layer_order_sorts_by_first_forward_use(trace: Trace) -> None:
-    prep = prepare(trace)
+    prep = analyze(trace)
     order = layer_order(prep)
     needs = [prep.need_us[k] for k in order]
     assert needs == sorted(needs)
@@ -221,7 +220,7 @@ def test_byte_window_fast_path_equals_event_loop(
     slow = _simulate(trace, pol, options=opts, force_event_loop=True)
     assert close(fast.iteration_us, slow.iteration_us)
     assert all(close(a, b) for a, b in zip(fast.unit_start_us, slow.unit_start_us, strict=True))
-    assert fast.iteration_us >= compute_critical_path_us(trace) - EPS
+    assert fast.iteration_us >= analyze(trace).critical_path_us - EPS
 
 
 @settings(max_examples=40)
@@ -235,7 +234,7 @@ def test_horovod_fusion_groups_cover_each_tensor_once_within_threshold(
     for u in res.units:
         assert len(u.slices) == 1 or u.size_bytes <= threshold
     # Fused in ready order: each unit's tensors are produced no later than the next unit's.
-    prep = prepare(trace)
+    prep = analyze(trace)
     rank = {prep.tensor_names[k]: r for r, k in enumerate(prep.ready_order)}
     flat = [rank[n] for n in names]
     assert flat == sorted(flat)
@@ -249,7 +248,7 @@ def test_horovod_fusion_groups_cover_each_tensor_once_within_threshold(
 def test_ddp_buckets_are_ready_order_runs_closed_at_their_limit(
     trace: Trace, cap: int, first: int
 ) -> None:
-    prep = prepare(trace)
+    prep = analyze(trace)
     buckets = ddp_buckets(prep, prep.ready_order, cap_bytes=cap, first_bytes=first)
     assert [k for b in buckets for k in b] == list(prep.ready_order)
     for i, b in enumerate(buckets[:-1]):

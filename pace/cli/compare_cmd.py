@@ -22,6 +22,7 @@ from pace.cli.simulate_cmd import (
     sim_options,
 )
 from pace.errors import InputError
+from pace.options import POLICY_NAMES
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -50,8 +51,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
+    from pace.analysis import analyze
+    from pace.compiler import best_lower_bound_us
     from pace.errors import LimitError
-    from pace.sim import POLICIES, SimOptions, compute_critical_path_us, lower_bound_us
+    from pace.sim import SimOptions
 
     paths: list[str] = list(args.schedule or [])
     # The baselines replay on the trace as the first schedule was compiled for (its cost model
@@ -70,13 +73,14 @@ def run(args: argparse.Namespace) -> int:
     explicit = options != SimOptions()
     rows: dict[str, Any] = {}
     skipped: dict[str, str] = {}
-    names: list[str] = list(POLICIES)
+    names: list[str] = list(POLICY_NAMES)
     if args.policies is not None:
         wanted = [n.strip() for n in args.policies.split(",") if n.strip()]
-        unknown = [n for n in wanted if n not in POLICIES]
+        unknown = [n for n in wanted if n not in POLICY_NAMES]
         if unknown:
             raise InputError(
-                f"unknown policy {unknown[0]!r}; known: {', '.join(POLICIES)}", where="--policies"
+                f"unknown policy {unknown[0]!r}; known: {', '.join(POLICY_NAMES)}",
+                where="--policies",
             )
         names = ["fifo", *(n for n in dict.fromkeys(wanted) if n != "fifo")]
     with Progress(transient=True, disable=not sys.stderr.isatty()) as progress:
@@ -92,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
         for name, s_trace, sched in scheduled:
             rows[name] = replay(s_trace, sched, options)
         progress.update(task, description="lower bound")
-        bound, bound_kind = lower_bound_us(trace)
+        bound, bound_kind = best_lower_bound_us(trace)
         progress.advance(task)
-    critical = compute_critical_path_us(trace)
+    critical = analyze(trace).critical_path_us
     fifo_us = rows["fifo"].iteration_us
     for name, why in skipped.items():
         warn(f"{name} not replayed: {why}")

@@ -229,7 +229,7 @@ def schedule(
     search. ``solver="lp"``: the paper's time-slotted LP (``lp_backend`` highs / cbc / scipy;
     slot length ``slot_us`` or automatic with at most ``max_slots`` slots), then the same
     overhead-aware search seeded with the LP's plan instead of the exact one. The winner among
-    the candidates is the one the simulator (``pace.sim.simulate``) replays fastest, and
+    the candidates is the one the contract's replay (``pace.replay``) finishes first, and
     ``predicted_iteration_us`` is that replay.
 
     ``robust=True``: also consider candidates with slack at their preemption points, and among
@@ -250,7 +250,7 @@ def schedule(
     True
     """
     from pace.io import trace_digest
-    from pace.sim import simulate, units_policy
+    from pace.sim import simulate
 
     t0 = time.perf_counter()
     if not (time_limit_s > 0 and math.isfinite(time_limit_s)):
@@ -290,8 +290,7 @@ def schedule(
         if units in seen:
             continue
         seen.add(units)
-        sim_us = simulate(trace, units_policy(units, name=cand.name)).iteration_us
-        verified.append((sim_us, pos, cand, units))
+        verified.append((replay_us(red, units), pos, cand, units))
     p3_us = math.inf
     p3_units: tuple[Unit, ...] = ()
     if singletons and trace.comm.alpha_us > 0:
@@ -323,7 +322,7 @@ def schedule(
             p3_units = tuple(p3.units)
         if p3 is not None and p3.iteration_us < best_us:
             units = tuple(p3.units)
-            sim_us = simulate(trace, units_policy(units, name="p3")).iteration_us
+            sim_us = replay_us(red, units)
             base_cand = Candidate(name="baseline-p3", pieces=(), replay_us=sim_us)
             cands.append(base_cand)
             verified.append((sim_us, len(ranked), base_cand, units))
@@ -368,9 +367,6 @@ def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call sit
     """Best mean jittered replay among candidates nominally within ``tolerance`` of the best
     (and no worse than the FIFO / need-order candidates and P3's replay ``p3``, whose own units
     are a candidate too: fixed-size slices are robust by nature)."""
-    from pace.sim import simulate, units_policy
-
-    comm = trace.comm
     best_us, best_cand, best_units_ = nominal
     p3_us, p3_units = p3
     limit = min(best_us * (1.0 + tolerance), p3_us)
@@ -379,7 +375,7 @@ def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call sit
         if c.name in ("fifo-order", "need-order", "baseline-p3"):
             limit = min(limit, c.replay_us)
     limit = max(limit, best_us)
-    nominal_mean = sum(jittered_replays_us(worlds, comm, best_units_)) / worlds.samples
+    nominal_mean = sum(jittered_replays_us(worlds, best_units_)) / worlds.samples
     pick = (nominal_mean, best_us, best_cand, best_units_)
     seen = {best_units_}
     pool = sorted(
@@ -394,14 +390,14 @@ def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call sit
         if units in seen:
             continue
         seen.add(units)
-        nominal_us = replay_us(red, comm, units)
+        nominal_us = replay_us(red, units)
         if nominal_us > limit:
             continue
-        mean_us = sum(jittered_replays_us(worlds, comm, units)) / worlds.samples
+        mean_us = sum(jittered_replays_us(worlds, units)) / worlds.samples
         if (mean_us, nominal_us) < (pick[0], pick[1]):
             pick = (mean_us, nominal_us, cand, units)
     if p3_units and p3_units not in seen and p3_us <= limit:
-        mean_us = sum(jittered_replays_us(worlds, comm, p3_units)) / worlds.samples
+        mean_us = sum(jittered_replays_us(worlds, p3_units)) / worlds.samples
         if (mean_us, p3_us) < (pick[0], pick[1]):
             pick = (
                 mean_us,
@@ -412,7 +408,7 @@ def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call sit
     mean_us, _, cand, units = pick
     predicted = best_us
     if cand is not best_cand:
-        sim_us = simulate(trace, units_policy(units, name=cand.name)).iteration_us
+        sim_us = replay_us(red, units)
         if sim_us <= limit * (1.0 + 1e-12):
             predicted = sim_us
         else:  # the fast replay disagreed with the simulator: keep the nominal choice

@@ -19,23 +19,21 @@ earlier: never later than planned.)
 largest-tail-first planned with the per-resume cost and a ladder of "do not preempt a job with
 less than theta left" thresholds (theta = 0, alpha, 2 alpha, ... and infinity = the non-preemptive
 tail order), the FIFO ready order, the order of need (earliest consumer start, TicTac's order),
-then greedy merging of a job's pieces where that helps. Candidates are scored with ``replay_us``
-(the contract's replay restricted to the channel plus Theorem 1, exact and O(U log U)); the
-caller verifies the winner with the simulator.
+then greedy merging of a job's pieces where that helps. Candidates are scored at job level with
+the one replay kernel (``pace.replay``; exact for single-tensor jobs, an upper bound for fused
+groups), and the finalists' units with the contract's replay itself.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from pace.ir import CommModel, Slice, Unit
 from pace.lp.exact import solve_exact
 from pace.lp.reduction import Reduction, TensorTiming
+from pace.replay import iteration_us, serial_replay, window_us
 
 PlanPiece = tuple[int, float, float]
 """``(job, start_us, weight)``: a planned piece; bytes of the job are split by ``weight``."""
@@ -214,52 +212,10 @@ def align_to_elements(units: Sequence[Unit], timing: TensorTiming) -> tuple[Unit
     return tuple(out)
 
 
-def replay_us(red: Reduction, comm: CommModel, units: Sequence[Unit]) -> float:
-    """Iteration time of ``units`` under the replay semantics of docs/schedule-format.md.
-
-    The channel's behaviour depends only on when tensors are produced, which by Lemma 1 does not
-    depend on communication; so the replay is a priority list schedule of the units, and the
-    makespan follows from each tensor's completion and tail (Theorem 1). Ties in priority keep
-    list order, as the simulator does.
-    """
-    timing = red.tensors
-    n = len(units)
-    ready = np.empty(n, dtype=np.float64)
-    cost = np.empty(n, dtype=np.float64)
-    for u, unit in enumerate(units):
-        ready[u] = max(timing.release_us[timing.index[s.tensor]] for s in unit.slices)
-        cost[u] = comm.alpha_us + comm.beta_us_per_byte * unit.size_bytes
-    order = sorted(range(n), key=lambda u: (units[u].priority, u))
-    rank = [0] * n
-    for pos, u in enumerate(order):
-        rank[u] = pos
-    by_ready = sorted(range(n), key=lambda u: float(ready[u]))
-    heap: list[tuple[int, int]] = []
-    t = 0.0
-    k = 0
-    done = 0
-    finish = [0.0] * n
-    while done < n:
-        if not heap:
-            t = max(t, float(ready[by_ready[k]]))
-        while k < n and ready[by_ready[k]] <= t:
-            u = by_ready[k]
-            heapq.heappush(heap, (rank[u], u))
-            k += 1
-        u = heapq.heappop(heap)[1]
-        t += float(cost[u])
-        finish[u] = t
-        done += 1
-    completion: dict[str, float] = {}
-    for u, unit in enumerate(units):
-        for s in unit.slices:
-            if finish[u] > completion.get(s.tensor, -math.inf):
-                completion[s.tensor] = finish[u]
-    makespan = red.compute_makespan_us
-    for name, c in completion.items():
-        v = c + float(timing.tail_us[timing.index[name]])
-        makespan = max(makespan, v)
-    return makespan
+def replay_us(red: Reduction, units: Sequence[Unit]) -> float:
+    """Iteration time of ``units`` under the replay semantics of docs/schedule-format.md: the
+    one kernel, ``pace.replay.iteration_us``."""
+    return iteration_us(red.tensors.analysis, units)
 
 
 def exact_pieces(
@@ -357,16 +313,15 @@ def _sanitize(red: Reduction, pieces: tuple[PlanPiece, ...]) -> tuple[PlanPiece,
 
 def replay_pieces_us(red: Reduction, comm: CommModel, pieces: Sequence[PlanPiece]) -> float:
     """``replay_us`` at job level: each piece is one call of its rounded byte count, ready at
-    its job's release; a job completes with its last piece (Theorem 1 with the job's tail)."""
+    its job's release; a job completes with its last piece (Theorem 1 with the job's tail).
+    Pieces of zero bytes are dropped, as ``units_from_pieces`` drops them."""
     n_j = red.n_jobs
     weights: list[list[float]] = [[] for _ in range(n_j)]
     where: list[list[int]] = [[] for _ in range(n_j)]
     for i, (j, _, w) in enumerate(pieces):
         weights[j].append(w)
         where[j].append(i)
-    n = len(pieces)
-    nbytes = [0] * n
-    release = red.release_us.tolist()
+    nbytes = [0] * len(pieces)
     size = red.size_bytes.tolist()
     for j in range(n_j):
         if not where[j]:
@@ -375,33 +330,19 @@ def replay_pieces_us(red: Reduction, comm: CommModel, pieces: Sequence[PlanPiece
         for i, b in zip(where[j], _byte_bounds(size[j], weights[j]), strict=True):
             nbytes[i] = b - prev
             prev = b
+    kept = [i for i in range(len(pieces)) if nbytes[i] > 0]
+    release = red.release_us.tolist()
     alpha, beta = comm.alpha_us, comm.beta_us_per_byte
-    by_ready = sorted(range(n), key=lambda i: release[pieces[i][0]])
-    rank = sorted(range(n), key=lambda i: pieces[i][1])
-    prio = [0] * n
-    for pos, i in enumerate(rank):
-        prio[i] = pos
-    heap: list[tuple[int, int]] = []
-    done = [0.0] * n_j
-    t = 0.0
-    k = 0
-    for _ in range(n):
-        if not heap:
-            t = max(t, release[pieces[by_ready[k]][0]])
-        while k < n and release[pieces[by_ready[k]][0]] <= t:
-            i = by_ready[k]
-            heapq.heappush(heap, (prio[i], i))
-            k += 1
-        i = heapq.heappop(heap)[1]
-        if nbytes[i] == 0:
-            continue  # dropped by units_from_pieces too
-        t += alpha + beta * nbytes[i]
-        j = pieces[i][0]
-        done[j] = max(done[j], t)
-    tail = red.tail_us.tolist()
-    return max(
-        red.compute_makespan_us, max((d + q for d, q in zip(done, tail, strict=True)), default=0.0)
+    _, finish = serial_replay(
+        [release[pieces[i][0]] for i in kept],
+        [alpha + beta * nbytes[i] for i in kept],
+        [pieces[i][1] for i in kept],
     )
+    done = [0.0] * n_j
+    for f, i in zip(finish, kept, strict=True):
+        j = pieces[i][0]
+        done[j] = max(done[j], f)
+    return window_us(red.compute_makespan_us, done, red.tail_us.tolist())
 
 
 def retime_pieces(

@@ -16,17 +16,18 @@ the op DAG, vectorised across all worlds at once (numpy arrays of one value per 
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from pace.ir import CommModel, Trace, Unit
+from pace.analysis import TraceAnalysis, analyze, compute_sweeps
+from pace.errors import InputError
+from pace.ir import Trace, Unit
 from pace.jitter import JitterModel
+from pace.replay import index_units, serial_replay, tensor_done_us, window_us
 
 __all__ = [
     "ROBUST_SAMPLES",
@@ -52,20 +53,16 @@ FloatArray = npt.NDArray[np.float64]
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JitterWorlds:
     """Per-world tensor timing: ``release_us[w, k]``, ``tail_us[w, k]`` (tensor ``k`` in trace
-    order, ``index`` maps names), ``compute_makespan_us[w]``."""
+    order), ``compute_makespan_us[w]``, and the analysis of the nominal trace."""
 
     release_us: FloatArray
     tail_us: FloatArray
     compute_makespan_us: FloatArray
-    index: dict[str, int]
+    analysis: TraceAnalysis
 
     @property
     def samples(self) -> int:
         return int(self.compute_makespan_us.shape[0])
-
-
-_CACHE: OrderedDict[tuple[int, int, float, int], tuple[Trace, JitterWorlds]] = OrderedDict()
-_CACHE_SIZE = 8
 
 
 def jitter_worlds(
@@ -75,10 +72,10 @@ def jitter_worlds(
     sd: float = ROBUST_SD,
     seed: int = ROBUST_SEED,
 ) -> JitterWorlds:
-    """Tensor releases and tails of ``samples`` jittered copies of ``trace`` (cached).
+    """Tensor releases and tails of ``samples`` jittered copies of ``trace`` (kept with the
+    trace's analysis).
 
-    Deterministic: the factors come from ``numpy.random.default_rng(seed)``. The trace must
-    already be valid (``pace.lp.reduction`` checks it first in every caller).
+    Deterministic: the factors come from ``numpy.random.default_rng(seed)``.
 
     >>> from pace.synth import random_trace
     >>> w = jitter_worlds(random_trace(seed=1, n_layers=3), samples=4)
@@ -86,109 +83,49 @@ def jitter_worlds(
     (4, 4)
     """
     if samples < 1:
-        raise ValueError(f"samples must be >= 1, got {samples}")
+        raise InputError(f"must be >= 1, got {samples}", field="samples")
     if not (sd >= 0 and math.isfinite(sd)):
-        raise ValueError(f"sd must be a finite number >= 0, got {sd!r}")
-    key = (id(trace), samples, sd, seed)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] is trace:
-        _CACHE.move_to_end(key)
-        return hit[1]
-    worlds = _compute(trace, samples=samples, sd=sd, seed=seed)
-    _CACHE[key] = (trace, worlds)
-    while len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return worlds
+        raise InputError(f"must be a finite number >= 0, got {sd!r}", field="sd")
+    an = analyze(trace)
+    return an.memo(("lp.jitter_worlds", samples, sd, seed), lambda a: _worlds(a, samples, sd, seed))
 
 
-def _compute(trace: Trace, *, samples: int, sd: float, seed: int) -> JitterWorlds:
-    idx = {op.name: i for i, op in enumerate(trace.ops)}
-    n_ops = len(trace.ops)
-    preds = [[idx[d] for d in op.deps] for op in trace.ops]
-    succs: list[list[int]] = [[] for _ in range(n_ops)]
-    indeg = [len(p) for p in preds]
-    for v, pv in enumerate(preds):
-        for u in pv:
-            succs[u].append(v)
-    # Kahn's algorithm (the reduction already rejected cycles).
-    order = [v for v in range(n_ops) if indeg[v] == 0]
-    for v in order:
-        for s in succs[v]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                order.append(s)
-    base = np.fromiter((op.duration_us for op in trace.ops), dtype=np.float64, count=n_ops)
+def _worlds(an: TraceAnalysis, samples: int, sd: float, seed: int) -> JitterWorlds:
+    trace = an.trace
+    base = np.asarray(an.duration_us, dtype=np.float64)
     # The project's one jitter model (pace.jitter), per-op factors only.
     dur = base[:, None] * JitterModel(op_sd=sd, samples=samples, seed=seed).op_factors(trace)
-    finish = np.zeros((n_ops, samples))
-    zero = np.zeros(samples)
-    for v in order:
-        acc = zero
-        for u in preds[v]:
-            acc = np.maximum(acc, finish[u])
-        finish[v] = acc + dur[v]
-    from_start = np.zeros((n_ops, samples))
-    for v in reversed(order):
-        acc = zero
-        for s in succs[v]:
-            acc = np.maximum(acc, from_start[s])
-        from_start[v] = acc + dur[v]
-    n_t = len(trace.tensors)
+    # The one compute-only sweep (pace.analysis), one value per world per op.
+    _, finish, from_start = compute_sweeps(
+        an.topo, an.deps, an.children, list(dur), zero=np.zeros(samples), maximum=np.maximum
+    )
+    n_t = len(an.tensor_names)
     release = np.empty((samples, n_t))
     tail = np.zeros((samples, n_t))
-    for k, t in enumerate(trace.tensors):
-        release[:, k] = finish[idx[t.producer]]
-        for c in t.consumers:
-            tail[:, k] = np.maximum(tail[:, k], from_start[idx[c]])
-    makespan = finish.max(axis=0) if n_ops else np.zeros(samples)
+    for k, p in enumerate(an.producer):
+        release[:, k] = finish[p]
+        for c in an.consumers[k]:
+            tail[:, k] = np.maximum(tail[:, k], from_start[c])
+    makespan = np.max(np.stack(finish), axis=0) if finish else np.zeros(samples)
     return JitterWorlds(
         release_us=release,
         tail_us=tail,
         compute_makespan_us=makespan,
-        index={t.name: k for k, t in enumerate(trace.tensors)},
+        analysis=an,
     )
 
 
-def jittered_replays_us(
-    worlds: JitterWorlds, comm: CommModel, units: Sequence[Unit]
-) -> list[float]:
-    """The replay (docs/schedule-format.md semantics) of ``units`` in every world, as
-    ``replay_us`` computes it: a priority list schedule of the units (Lemma 1), then Theorem 1
-    with each tensor's tail."""
-    n = len(units)
-    members = [[worlds.index[s.tensor] for s in unit.slices] for unit in units]
-    cost = [comm.alpha_us + comm.beta_us_per_byte * unit.size_bytes for unit in units]
-    order = sorted(range(n), key=lambda u: (units[u].priority, u))
-    rank = [0] * n
-    for pos, u in enumerate(order):
-        rank[u] = pos
+def jittered_replays_us(worlds: JitterWorlds, units: Sequence[Unit]) -> list[float]:
+    """The replay (docs/schedule-format.md semantics) of ``units`` in every world: the one
+    kernel (``pace.replay``) with each world's releases, then Theorem 1 with its tails."""
+    arrays = index_units(worlds.analysis, units)
     out: list[float] = []
     for w in range(worlds.samples):
-        rel = worlds.release_us[w]
-        ready = [max(float(rel[k]) for k in m) for m in members]
-        by_ready = sorted(range(n), key=ready.__getitem__)
-        heap: list[tuple[int, int]] = []
-        t = 0.0
-        k = 0
-        finish = [0.0] * n
-        for _ in range(n):
-            if not heap:
-                t = max(t, ready[by_ready[k]])
-            while k < n and ready[by_ready[k]] <= t:
-                u = by_ready[k]
-                heapq.heappush(heap, (rank[u], u))
-                k += 1
-            u = heapq.heappop(heap)[1]
-            t += cost[u]
-            finish[u] = t
-        done: dict[int, float] = {}
-        for u, m in enumerate(members):
-            for j in m:
-                if finish[u] > done.get(j, -math.inf):
-                    done[j] = finish[u]
-        tail = worlds.tail_us[w]
-        makespan = float(worlds.compute_makespan_us[w])
-        for j, c in done.items():
-            makespan = max(makespan, c + float(tail[j]))
-        out.append(makespan)
+        rel = worlds.release_us[w].tolist()
+        ready = [max(rel[k] for k in members) for members in arrays.tensors]
+        _, finish = serial_replay(ready, arrays.cost_us, arrays.priority)
+        done = tensor_done_us(arrays, finish)
+        out.append(
+            window_us(float(worlds.compute_makespan_us[w]), done, worlds.tail_us[w].tolist())
+        )
     return out

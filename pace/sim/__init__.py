@@ -5,7 +5,6 @@ the replay semantics of docs/schedule-format.md, which defines a schedule's
 ``predicted_iteration_us``.
 """
 
-from pace.sim.bounds import compute_critical_path_us, lower_bound_us
 from pace.sim.core import (
     CycleFusion,
     Plan,
@@ -26,9 +25,7 @@ __all__ = [
     "SimOptions",
     "SimResult",
     "compare",
-    "compute_critical_path_us",
     "layer_order",
-    "lower_bound_us",
     "ready_order",
     "schedule_policy",
     "simulate",

@@ -29,15 +29,15 @@ Example (docs/design.md's worked example, tests/data/tiny.trace.json: FIFO finis
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pace.analysis import TraceAnalysis, analyze
 from pace.errors import InputError
 from pace.ir import Schedule, Trace, Unit
-from pace.sim import engine
-from pace.sim.prepared import Prepared, prepare
+from pace.replay import index_units, serial_replay, tensor_done_us, window_us
+from pace.sim import channels
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,7 +131,7 @@ class Policy:
     """
 
     name: str
-    build: Callable[[Prepared, SimOptions], Plan]
+    build: Callable[[TraceAnalysis, SimOptions], Plan]
     description: str = ""
 
 
@@ -139,7 +139,7 @@ def units_policy(units: Sequence[Unit], *, name: str = "units") -> Policy:
     """Replay exactly ``units`` (priorities as given) under the contract's semantics."""
     fixed = tuple(units)
 
-    def build(prep: Prepared, options: SimOptions) -> Plan:
+    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
         return Plan(units=fixed)
 
     return Policy(name=name, build=build, description="replay of a fixed unit list")
@@ -157,7 +157,7 @@ class _Lazy:
 
     def __init__(
         self,
-        prep: Prepared,
+        prep: TraceAnalysis,
         tensor_done_us: Sequence[float],
         barrier_gate_us: float | None,
         cache: dict[str, Any] | None = None,
@@ -170,7 +170,7 @@ class _Lazy:
     def op_times(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         got: tuple[tuple[float, ...], tuple[float, ...]] | None = self.cache.get("op")
         if got is None:
-            s, f = engine.ideal_op_times(self.prep, self.tensor_done_us, self.barrier_gate_us)
+            s, f = channels.ideal_op_times(self.prep, self.tensor_done_us, self.barrier_gate_us)
             got = (tuple(s), tuple(f))
             self.cache["op"] = got
         return got
@@ -269,29 +269,6 @@ def resolve_policy(policy: Policy | Schedule | str) -> Policy:
     raise TypeError(f"not a policy: {policy!r}")
 
 
-# The last few compiled unit lists, keyed by identity: an oracle replaying the same units under
-# several options (a credit grid, barrier on/off) indexes them once. Entries keep their keys
-# alive so an id is never reused while cached.
-_COMPILED_CACHE_SIZE = 4
-_compiled_cache: list[tuple[Prepared, tuple[Unit, ...], bool, engine.CompiledUnits]] = []
-
-
-_compiled_lock = threading.Lock()
-
-
-def _compiled(prep: Prepared, units: tuple[Unit, ...], in_order: bool) -> engine.CompiledUnits:
-    with _compiled_lock:
-        for p, u, o, hit in _compiled_cache:
-            if p is prep and u is units and o == in_order:
-                return hit
-    cu = engine.compile_units(prep, units, in_order=in_order)
-    with _compiled_lock:
-        _compiled_cache.append((prep, units, in_order, cu))
-        if len(_compiled_cache) > _COMPILED_CACHE_SIZE:
-            del _compiled_cache[0]
-    return cu
-
-
 def simulate(
     trace: Trace,
     policy: Policy | Schedule | str,
@@ -309,7 +286,7 @@ def _simulate(
     options: SimOptions,
     force_event_loop: bool,
 ) -> SimResult:
-    prep = prepare(trace)
+    prep = analyze(trace)
     pol = resolve_policy(policy)
     plan = pol.build(prep, options)
     opts = options.over(plan.defaults).resolved()
@@ -318,14 +295,14 @@ def _simulate(
     barrier = bool(opts.barrier)
     serial = bool(opts.one_compute_stream)
 
-    ch: engine.Channel
+    ch: channels.Channel
     if plan.cycle_fusion is not None:
         if credit != 1 or credit_bytes is not None:
             raise InputError(
                 f"policy {pol.name!r} runs its units one at a time; credit must be 1",
                 field="credit_bytes" if credit_bytes is not None else "credit",
             )
-        ch = engine.CycleFusionChannel(
+        ch = channels.CycleFusionChannel(
             prep,
             threshold_bytes=plan.cycle_fusion.threshold_bytes,
             cycle_us=plan.cycle_fusion.cycle_us,
@@ -334,12 +311,12 @@ def _simulate(
         cu = None
     else:
         assert plan.units is not None
-        cu = _compiled(prep, plan.units, plan.in_order)
-        ch = engine.StaticChannel(cu, credit, credit_bytes)
+        cu = index_units(prep, plan.units, in_order=plan.in_order)
+        ch = channels.StaticChannel(cu, credit, credit_bytes)
 
     cache: dict[str, Any] = {}
     if serial or force_event_loop:
-        joint = engine.drive_joint(prep, ch, serial_compute=serial, barrier=barrier)
+        joint = channels.drive_joint(prep, ch, serial_compute=serial, barrier=barrier)
         units, ustart, ufinish = ch.records()
         done = joint.tensor_done_us
         cache["op"] = (tuple(joint.op_start_us), tuple(joint.op_finish_us))
@@ -349,20 +326,16 @@ def _simulate(
         if cu is not None:
             if credit == 1:
                 # A byte window never binds with one unit in flight.
-                ustart, ufinish = engine.serial_static_replay(cu)
+                ustart, ufinish = serial_replay(cu.ready_us, cu.cost_us, cu.priority)
             else:
-                ustart, ufinish = engine.shared_static_replay(cu, credit, credit_bytes)
+                ustart, ufinish = channels.shared_static_replay(cu, credit, credit_bytes)
             units = cu.units
-            done = [max(ufinish[u] for u in owners) for owners in cu.units_of_tensor]
+            done = tensor_done_us(cu, ufinish)
         else:
-            done = engine.drive_ideal(prep, ch)
+            done = channels.drive_ideal(prep, ch)
             units, ustart, ufinish = ch.records()
         comm_end = max(ufinish, default=0.0)
-        iteration = max(prep.critical_path_us, comm_end)
-        tail = prep.tail_us
-        for k, d in enumerate(done):
-            v = d + tail[k]
-            iteration = max(iteration, v)
+        iteration = window_us(max(prep.critical_path_us, comm_end), done, prep.tail_us)
         if barrier and any(prep.gated):
             iteration = max(iteration, comm_end + prep.barrier_tail_us)
 

@@ -8,9 +8,10 @@ when tensors are done. Three channels exist:
   one-at-a-time channel).
 * :class:`CycleFusionChannel` is Horovod's background thread: every cycle it fuses the tensors
   produced so far into units up to the fusion threshold and runs them back to back.
-* :func:`serial_static_replay` and :func:`shared_static_replay` are the fast paths of
-  ``StaticChannel`` (credit 1, and credit / byte window with processor sharing in virtual time)
-  under ideal compute, where tensor release times are known in advance (Lemma 1).
+* :func:`shared_static_replay` is the fast path of ``StaticChannel`` with a credit / byte window
+  (processor sharing in virtual time) under ideal compute, where tensor release times are known
+  in advance (Lemma 1). With credit 1 the fast path is the contract's own kernel,
+  :func:`pace.replay.serial_replay`.
 
 Two drivers run them: :func:`drive_ideal` (release times known, compute never waits on the
 channel) and :func:`drive_joint` (ops and channel in one event loop; needed for one compute
@@ -25,130 +26,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pace.analysis import TraceAnalysis
 from pace.errors import InputError
 from pace.ir import Slice, Unit
-from pace.sim.prepared import Prepared
+from pace.replay import UnitArrays
 
 _INF = math.inf
 
 
-@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
-class CompiledUnits:
-    """Units as index arrays: what the event loops touch."""
-
-    units: tuple[Unit, ...]
-    priority: list[float]
-    cost_us: list[float]
-    size_bytes: list[int]
-    # Distinct tensor indices per unit.
-    tensors: list[tuple[int, ...]]
-    # Per tensor: the units carrying it.
-    units_of_tensor: list[list[int]]
-    # Per unit: when it may be issued under ideal compute (max release of its tensors; with
-    # ``in_order``, also no earlier than any unit before it in priority order).
-    ready_us: list[float]
-    # Units are issued strictly in priority order (DDP launches bucket i+1 only after bucket i).
-    in_order: bool = False
-    # Unit indices by (priority, file order).
-    priority_order: tuple[int, ...] = ()
-
-
-def compile_units(
-    prep: Prepared, units: Sequence[Unit], *, in_order: bool = False
-) -> CompiledUnits:
-    """Index ``units`` against ``prep``; every tensor must be carried by at least one unit."""
-    comm = prep.trace.comm
-    alpha = float(comm.alpha_us)
-    beta = float(comm.beta_us_per_byte)
-    index = prep.tensor_index
-    release = prep.release_us
-    units_of_tensor: list[list[int]] = [[] for _ in prep.tensor_names]
-    priority: list[float] = []
-    cost: list[float] = []
-    sizes: list[int] = []
-    tensors: list[tuple[int, ...]] = []
-    ready: list[float] = []
-    for u, unit in enumerate(units):
-        size = 0
-        idx: list[int] = []
-        for s, sl in enumerate(unit.slices):
-            k = index.get(sl.tensor)
-            if k is None:
-                raise InputError(
-                    f"tensor {sl.tensor!r} is not in the trace",
-                    field=f"units[{u}].slices[{s}].tensor",
-                )
-            size += sl.size_bytes
-            idx.append(k)
-        if not idx:
-            raise InputError("unit carries no slice", field=f"units[{u}].slices")
-        distinct = tuple(dict.fromkeys(idx))
-        for k in distinct:
-            units_of_tensor[k].append(u)
-        tensors.append(distinct)
-        priority.append(float(unit.priority))
-        cost.append(alpha + beta * size)
-        sizes.append(size)
-        ready.append(max(release[k] for k in distinct))
-    for k, owners in enumerate(units_of_tensor):
-        if not owners:
-            raise InputError(
-                f"tensor {prep.tensor_names[k]!r} is carried by no unit", field="units"
-            )
-    porder = tuple(sorted(range(len(priority)), key=priority.__getitem__))
-    if in_order:
-        latest = 0.0
-        for u in porder:
-            latest = max(latest, ready[u])
-            ready[u] = latest
-    return CompiledUnits(
-        units=tuple(units),
-        priority=priority,
-        cost_us=cost,
-        size_bytes=sizes,
-        tensors=tensors,
-        units_of_tensor=units_of_tensor,
-        ready_us=ready,
-        in_order=in_order,
-        priority_order=porder,
-    )
-
-
-def serial_static_replay(cu: CompiledUnits) -> tuple[list[float], list[float]]:
-    """Unit start/finish times: one channel, smallest priority first, ties in file order.
-
-    Release times are fixed (ideal compute), so this is a single pass over the units sorted by
-    ready time with a heap of ready units.
-    """
-    n = len(cu.units)
-    ready = cu.ready_us
-    prio = cu.priority
-    cost = cu.cost_us
-    order = sorted(range(n), key=ready.__getitem__)
-    start = [0.0] * n
-    finish = [0.0] * n
-    heap: list[tuple[float, int]] = []
-    push = heapq.heappush
-    pop = heapq.heappop
-    t = 0.0
-    i = 0
-    while i < n or heap:
-        if not heap:
-            r = ready[order[i]]
-            t = max(t, r)
-        while i < n and ready[order[i]] <= t:
-            u = order[i]
-            push(heap, (prio[u], u))
-            i += 1
-        u = pop(heap)[1]
-        start[u] = t
-        t += cost[u]
-        finish[u] = t
-    return start, finish
-
-
 def shared_static_replay(
-    cu: CompiledUnits, credit: int | None, credit_bytes: int | None = None
+    cu: UnitArrays, credit: int | None, credit_bytes: int | None = None
 ) -> tuple[list[float], list[float]]:
     """Unit start/finish times with up to ``credit`` units sharing the channel equally.
 
@@ -241,9 +128,7 @@ class StaticChannel(Channel):
     channel's.
     """
 
-    def __init__(
-        self, cu: CompiledUnits, credit: int | None, credit_bytes: int | None = None
-    ) -> None:
+    def __init__(self, cu: UnitArrays, credit: int | None, credit_bytes: int | None = None) -> None:
         self.cu = cu
         self.credit = credit if credit is not None else len(cu.units) + 1
         self.credit_bytes = credit_bytes if credit_bytes is not None else math.inf
@@ -355,7 +240,12 @@ class CycleFusionChannel(Channel):
     """
 
     def __init__(
-        self, prep: Prepared, *, threshold_bytes: int, cycle_us: float, synchronous: bool = True
+        self,
+        prep: TraceAnalysis,
+        *,
+        threshold_bytes: int,
+        cycle_us: float,
+        synchronous: bool = True,
     ) -> None:
         self.prep = prep
         self.threshold = threshold_bytes
@@ -472,7 +362,7 @@ def _channel_step(ch: Channel, now: float) -> list[int]:
     return done
 
 
-def drive_ideal(prep: Prepared, ch: Channel) -> list[float]:
+def drive_ideal(prep: TraceAnalysis, ch: Channel) -> list[float]:
     """Replay ``ch`` with release times from the compute-only schedule; tensor done times."""
     release = prep.release_us
     order = prep.ready_order
@@ -501,7 +391,9 @@ class JointResult:
     tensor_done_us: list[float]
 
 
-def drive_joint(prep: Prepared, ch: Channel, *, serial_compute: bool, barrier: bool) -> JointResult:
+def drive_joint(
+    prep: TraceAnalysis, ch: Channel, *, serial_compute: bool, barrier: bool
+) -> JointResult:
     """Ops and channel in one event loop.
 
     ``serial_compute``: ops run one at a time on one stream; when the stream is free it starts
@@ -590,7 +482,7 @@ def drive_joint(prep: Prepared, ch: Channel, *, serial_compute: bool, barrier: b
 
 
 def ideal_op_times(
-    prep: Prepared, tensor_done_us: Sequence[float], gate_us: float | None
+    prep: TraceAnalysis, tensor_done_us: Sequence[float], gate_us: float | None
 ) -> tuple[list[float], list[float]]:
     """Op start/finish under ideal compute given tensor done times.
 

@@ -1,0 +1,162 @@
+"""The one replay kernel: a fixed list of units on one channel, under ideal compute.
+
+This is the replay semantics of docs/schedule-format.md (the definition of a schedule's
+``predicted_iteration_us``): one channel that, whenever it is free, starts the ready unit with
+the smallest priority (ties in file order); a unit is ready once every tensor it carries is
+produced and costs ``alpha_us + beta_us_per_byte * bytes``; a tensor is done when all its units
+are. By Lemma 1 the release times do not depend on communication (``pace.analysis``), so the
+channel is a priority list schedule (:func:`serial_replay`) and the window's makespan follows
+from each tensor's completion and tail (:func:`window_us`, Theorem 1).
+
+Everyone who replays units calls this: the simulator's static policies (``pace.sim``), the
+scheduler scoring its candidates (``pace.lp``) and the robust selection replaying them in
+jittered worlds.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pace.analysis import TraceAnalysis
+from pace.errors import InputError
+from pace.ir import Unit
+
+__all__ = ["UnitArrays", "index_units", "iteration_us", "serial_replay", "window_us"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class UnitArrays:
+    """Units as index arrays against a :class:`~pace.analysis.TraceAnalysis`."""
+
+    units: tuple[Unit, ...]
+    priority: list[float]
+    cost_us: list[float]
+    size_bytes: list[int]
+    # Distinct tensor indices per unit.
+    tensors: list[tuple[int, ...]]
+    # Per tensor: the units carrying it.
+    units_of_tensor: list[list[int]]
+    # Per unit: when it may be issued under ideal compute (max release of its tensors; with
+    # ``in_order``, also no earlier than any unit before it in priority order).
+    ready_us: list[float]
+    # Units are issued strictly in priority order (DDP launches bucket i+1 only after bucket i).
+    in_order: bool = False
+    # Unit indices by (priority, file order).
+    priority_order: tuple[int, ...] = ()
+
+
+def index_units(
+    analysis: TraceAnalysis, units: Sequence[Unit], *, in_order: bool = False
+) -> UnitArrays:
+    """Index ``units`` against ``analysis``; every tensor must be carried by at least one unit."""
+    comm = analysis.trace.comm
+    alpha = float(comm.alpha_us)
+    beta = float(comm.beta_us_per_byte)
+    index = analysis.tensor_index
+    release = analysis.release_us
+    units_of_tensor: list[list[int]] = [[] for _ in analysis.tensor_names]
+    priority: list[float] = []
+    cost: list[float] = []
+    sizes: list[int] = []
+    tensors: list[tuple[int, ...]] = []
+    ready: list[float] = []
+    for u, unit in enumerate(units):
+        size = 0
+        idx: list[int] = []
+        for s, sl in enumerate(unit.slices):
+            k = index.get(sl.tensor)
+            if k is None:
+                raise InputError(
+                    f"tensor {sl.tensor!r} is not in the trace",
+                    field=f"units[{u}].slices[{s}].tensor",
+                )
+            size += sl.size_bytes
+            idx.append(k)
+        if not idx:
+            raise InputError("unit carries no slice", field=f"units[{u}].slices")
+        distinct = tuple(dict.fromkeys(idx))
+        for k in distinct:
+            units_of_tensor[k].append(u)
+        tensors.append(distinct)
+        priority.append(float(unit.priority))
+        cost.append(alpha + beta * size)
+        sizes.append(size)
+        ready.append(max(release[k] for k in distinct))
+    for k, owners in enumerate(units_of_tensor):
+        if not owners:
+            raise InputError(
+                f"tensor {analysis.tensor_names[k]!r} is carried by no unit", field="units"
+            )
+    porder = tuple(sorted(range(len(priority)), key=priority.__getitem__))
+    if in_order:
+        latest = 0.0
+        for u in porder:
+            latest = max(latest, ready[u])
+            ready[u] = latest
+    return UnitArrays(
+        units=tuple(units),
+        priority=priority,
+        cost_us=cost,
+        size_bytes=sizes,
+        tensors=tensors,
+        units_of_tensor=units_of_tensor,
+        ready_us=ready,
+        in_order=in_order,
+        priority_order=porder,
+    )
+
+
+def serial_replay(
+    ready_us: Sequence[float], cost_us: Sequence[float], priority: Sequence[float]
+) -> tuple[list[float], list[float]]:
+    """Start and finish of each unit: one channel, smallest ``priority`` first among the ready
+    ones, ties in list order. A single pass over the units by ready time with a heap."""
+    n = len(ready_us)
+    order = sorted(range(n), key=ready_us.__getitem__)
+    start = [0.0] * n
+    finish = [0.0] * n
+    heap: list[tuple[float, int]] = []
+    push = heapq.heappush
+    pop = heapq.heappop
+    t = 0.0
+    i = 0
+    while i < n or heap:
+        if not heap:
+            r = ready_us[order[i]]
+            t = max(t, r)
+        while i < n and ready_us[order[i]] <= t:
+            u = order[i]
+            push(heap, (priority[u], u))
+            i += 1
+        u = pop(heap)[1]
+        start[u] = t
+        t += cost_us[u]
+        finish[u] = t
+    return start, finish
+
+
+def window_us(
+    compute_makespan_us: float, done_us: Sequence[float], tail_us: Sequence[float]
+) -> float:
+    """Theorem 1: the window ends with the compute-only makespan or with the last tensor done
+    plus the longest computation that waits for it, whichever is later."""
+    makespan = compute_makespan_us
+    for d, q in zip(done_us, tail_us, strict=True):
+        v = d + q
+        makespan = max(makespan, v)
+    return makespan
+
+
+def tensor_done_us(arrays: UnitArrays, finish_us: Sequence[float]) -> list[float]:
+    """When each tensor is done: its last unit's finish."""
+    return [max(finish_us[u] for u in owners) for owners in arrays.units_of_tensor]
+
+
+def iteration_us(analysis: TraceAnalysis, units: Sequence[Unit]) -> float:
+    """The contract's replay of ``units`` (``predicted_iteration_us``), with no timeline."""
+    arrays = index_units(analysis, units)
+    _, finish = serial_replay(arrays.ready_us, arrays.cost_us, arrays.priority)
+    done = tensor_done_us(arrays, finish)
+    return window_us(analysis.critical_path_us, done, analysis.tail_us)
