@@ -34,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pace.analysis import _build as analyze_uncached  # noqa: E402
 from pace.errors import SolverTimeoutError  # noqa: E402
 from pace.lp import (  # noqa: E402
     choose_slot_us,
@@ -43,7 +44,6 @@ from pace.lp import (  # noqa: E402
     solve_exact,
     solve_lp,
 )
-from pace.lp.reduction import _compute_timing  # noqa: E402
 from pace.synth import random_trace  # noqa: E402
 
 
@@ -71,7 +71,7 @@ def main() -> int:
     print("Exact path (ms, median of", args.repeat, "runs)")
     print(f"{'tensors':>8} {'ops':>6} {'reduce':>8} {'solve':>8} {'schedule':>9}  chosen")
     for n, tr in traces.items():
-        t_red, _ = _ms(partial(_compute_timing, tr), args.repeat)
+        t_red, _ = _ms(partial(analyze_uncached, tr), args.repeat)
         red = reduction(tr)
         t_solve, _ = _ms(
             partial(

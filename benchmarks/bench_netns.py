@@ -451,9 +451,9 @@ def predictions_ms(
     ``compute_scale`` stretches every op and the optimizer step by that factor first (the
     schedule stays the one compiled from the profile).
     """
+    from pace.analysis import analyze
     from pace.compiler import apply_what_if, sync_trace
     from pace.runtime import ONLINE_CREDIT_BYTES, RuntimeOptions
-    from pace.analysis import analyze
     from pace.sim import SimOptions, schedule_policy, simulate
     from pace.sim.policies import bytescheduler
 

@@ -21,10 +21,10 @@ import statistics
 import time
 from collections.abc import Callable
 
+from pace.analysis import _build, analyze
 from pace.sim import SimOptions, simulate, units_policy
 from pace.sim.core import _simulate
 from pace.sim.policies import partition_units
-from pace.analysis import _build, analyze
 from pace.synth import random_trace
 
 

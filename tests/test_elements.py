@@ -64,7 +64,7 @@ def test_tiny_optimum_preempts_on_an_element_boundary() -> None:
     # runs 26-31, and the rest of layer2 runs 26-34, so fw.layer2 still starts at 34: 39 us.
     four = _with_elements(load_trace(TINY), 4)
     verify_trace(four)
-    sched = schedule(four, solver="exact")
+    sched = schedule(four, solver="exact").schedule
     verify_schedule(sched, four)
     first = next(u for u in sched.units if u.slices[0].tensor == "layer2.weight")
     assert first.slices[0].size_bytes == 12

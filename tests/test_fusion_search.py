@@ -132,7 +132,7 @@ def test_search_replays_no_worse_than_no_fusion_and_alg1(trace: Trace) -> None:
     out = fuse(trace, method="search")
     _covers_once(trace, out.plan)
     assert out.schedule is not None
-    verify_schedule(out.schedule, trace)
+    verify_schedule(out.schedule.schedule, trace)
     fused_us = out.schedule.predicted_iteration_us
     unfused_us = schedule(trace, FusionPlan.singletons(trace)).predicted_iteration_us
     paper_us = schedule(trace, plan_fusion(trace, method="paper")).predicted_iteration_us

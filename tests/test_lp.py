@@ -119,7 +119,7 @@ def test_fig2_preemptive_schedule_by_hand() -> None:
     assert sol.makespan_us == 61.0
     assert sol.preemptions == 2
     assert simulate(trace, "fifo").iteration_us == 71.0
-    s = schedule(trace)
+    s = schedule(trace).schedule
     assert s.predicted_iteration_us == 61.0
     assert lower_bound_us(trace) == 61.0
     got = [
@@ -143,7 +143,7 @@ def test_fig2_overhead_aware_drops_preemptions_that_do_not_pay() -> None:
     FIFO: w3 10-60, w2 60-92, w1 92-116; forward 116-131 -> 131.
     """
     trace = fig2_trace(alpha_us=20.0)
-    s = schedule(trace)
+    s = schedule(trace).schedule
     verify_schedule(s, trace)
     assert s.predicted_iteration_us == 126.0
     assert s.meta["preempted_jobs"] == 0
@@ -159,7 +159,7 @@ def test_shared_example_tiny_trace() -> None:
 
     trace = load_trace(EXAMPLES / "tiny.trace.json")
     for solver in ("exact", "lp"):
-        s = schedule(trace, solver=solver, slot_us=1.0)
+        s = schedule(trace, solver=solver, slot_us=1.0).schedule
         assert s.predicted_iteration_us == 39.0
         assert [(u.priority, u.slices[0].tensor, u.slices[0].size_bytes) for u in s.units] == [
             (10.0, "layer2.weight", 10),
@@ -176,7 +176,7 @@ def test_fused_group_units_span_concatenated_bytes() -> None:
     assert red.release_us.tolist() == [10.0, 30.0]
     assert red.tail_us.tolist() == [5.0, 15.0]
     assert red.size_bytes.tolist() == [30, 16]
-    s = schedule(trace, plan)
+    s = schedule(trace, plan).schedule
     verify_schedule(s, trace)
     # w3 10-30 (20 B), group 30-46 preempts it, w3 46-56 -> fw.3 ends at 61; fw.1 at 51.
     assert s.predicted_iteration_us == 61.0
@@ -394,7 +394,7 @@ def test_lp_automatic_slot_on_float_trace() -> None:
     from pace.synth import random_trace
 
     trace = random_trace(seed=5, n_layers=10, alpha_us=0.0)
-    s = schedule(trace, solver="lp", max_slots=300)
+    s = schedule(trace, solver="lp", max_slots=300).schedule
     verify_schedule(s, trace)
     info = s.meta["lp"]
     assert info["integral"]

@@ -57,7 +57,7 @@ def test_lp_optimum_equals_exact_optimum(trace: Trace, backend: str) -> None:
 @settings(max_examples=300)
 @given(integer_traces())
 def test_alpha0_compiled_replay_is_optimal_and_beats_every_baseline(trace: Trace) -> None:
-    s = schedule(trace)
+    s = schedule(trace).schedule
     opt = _exact(trace)
     assert s.predicted_iteration_us == pytest.approx(opt, rel=1e-6)
     assert lower_bound_us(trace) == pytest.approx(opt, rel=1e-12)
@@ -72,7 +72,7 @@ def test_alpha0_compiled_replay_is_optimal_and_beats_every_baseline(trace: Trace
 @given(traces(max_layers=10))
 def test_alpha0_float_traces_optimal_up_to_byte_rounding(trace: Trace) -> None:
     trace = replace(trace, comm=replace(trace.comm, alpha_us=0.0))
-    s = schedule(trace)
+    s = schedule(trace).schedule
     opt = _exact(trace)
     # Partition boundaries are rounded up to whole bytes: each unit may end < beta late.
     slack = len(s.units) * trace.comm.beta_us_per_byte
@@ -91,7 +91,7 @@ shares bandwidth, i.e. preempts without paying alpha again, which one channel ca
 @settings(max_examples=300)
 @given(traces(max_layers=10))
 def test_overhead_aware_never_worse_than_one_at_a_time_baselines(trace: Trace) -> None:
-    s = schedule(trace)
+    s = schedule(trace).schedule
     verify_schedule(s, trace)
     res = compare(trace, policies=ONE_AT_A_TIME)
     for name in ONE_AT_A_TIME:
@@ -126,7 +126,7 @@ def test_fused_plans_lp_equals_exact_and_units_cover_bytes(
         comm=replace(trace.comm, beta_us_per_byte=1.0 / scale),
     )
     _check_assignment(trace, plan, "highs")
-    s = schedule(trace, plan)
+    s = schedule(trace, plan).schedule
     verify_schedule(s, trace)
     # The units never replay slower than their plan does at job level (members may finish
     # before their group does, which only helps)...
@@ -140,7 +140,7 @@ def test_fused_plans_lp_equals_exact_and_units_cover_bytes(
 @given(traces(max_layers=10), st.sampled_from([100, 1000]))
 def test_lp_path_with_automatic_slots_is_near_optimal(trace: Trace, max_slots: int) -> None:
     trace = replace(trace, comm=replace(trace.comm, alpha_us=0.0))
-    s = schedule(trace, solver="lp", max_slots=max_slots)
+    s = schedule(trace, solver="lp", max_slots=max_slots).schedule
     verify_schedule(s, trace)
     info = s.meta["lp"]
     assert info["integral"]

@@ -214,7 +214,7 @@ def test_trace_compiles() -> None:
     from pace.lp import schedule
 
     _, trace = _cnn_trace()
-    sched = schedule(trace, FusionPlan.singletons(trace))
+    sched = schedule(trace, FusionPlan.singletons(trace)).schedule
     verify_schedule(sched, trace)
     assert sched.predicted_iteration_us > 0
 

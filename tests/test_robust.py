@@ -84,7 +84,7 @@ def test_zero_jitter_worlds_are_the_nominal_reduction() -> None:
         np.testing.assert_allclose(worlds.release_us[w], timing.release_us)
         np.testing.assert_allclose(worlds.tail_us[w], timing.tail_us)
         assert worlds.compute_makespan_us[w] == pytest.approx(timing.compute_makespan_us)
-    s = schedule(trace)
+    s = schedule(trace).schedule
     red = reduction(trace)
     nominal = replay_us(red, s.units)
     assert jittered_replays_us(worlds, s.units) == pytest.approx([nominal] * 3)
@@ -101,7 +101,7 @@ def test_jittered_replay_matches_the_simulator_on_a_jittered_trace() -> None:
     samples, sd, seed = 3, 0.05, 3
     worlds = jitter_worlds(trace, samples=samples, sd=sd, seed=seed)
     factors = np.random.default_rng(seed).lognormal(0.0, sd, size=(len(trace.ops), samples))
-    s = schedule(trace, robust=True)
+    s = schedule(trace, robust=True).schedule
     got = jittered_replays_us(worlds, s.units)
     for w in range(samples):
         ops = tuple(
@@ -116,8 +116,8 @@ def test_jittered_replay_matches_the_simulator_on_a_jittered_trace() -> None:
 @given(traces(max_layers=10), st.sampled_from([0.0, 10.0, 50.0]))
 def test_robust_choice_keeps_the_nominal_guarantees(trace: Trace, alpha_us: float) -> None:
     trace = dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, alpha_us=alpha_us))
-    plain = schedule(trace)
-    robust = schedule(trace, robust=True)
+    plain = schedule(trace).schedule
+    robust = schedule(trace, robust=True).schedule
     verify_schedule(robust, trace)
     # The contract: the prediction is the simulator's replay of exactly this file.
     assert robust.predicted_iteration_us == pytest.approx(

@@ -22,7 +22,7 @@ from tests.strategies import traces
 def test_scheduler_output_validates(tmp_path_factory: pytest.TempPathFactory, trace: Trace) -> None:
     d: Path = tmp_path_factory.mktemp("vi")
     save_trace(trace, d / "t.json")
-    sched = schedule(trace, FusionPlan.singletons(trace))
+    sched = schedule(trace, FusionPlan.singletons(trace)).schedule
     save_schedule(sched, d / "s.json.gz")
     err, out = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):

@@ -21,15 +21,19 @@ Groups are contiguous on the ready-time chain (Lemma 2) and listed in chain orde
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pace.fusion.chain import Chain, ChainOracle, PlanOracle, build_chain
 from pace.fusion.maxmin import max_min_bisect, max_min_dp, max_min_table
 from pace.fusion.paper import FULL_ENUMERATION_MAX, RSweep, sweep_r
 from pace.fusion.search import SearchResult, search_fusion
-from pace.ir import FusionPlan, Schedule, Trace
+from pace.ir import FusionPlan, Trace
+
+if TYPE_CHECKING:
+    from pace.lp import ScheduleResult
 
 Method = Literal["search", "paper", "none"]
 METHODS: tuple[str, ...] = ("search", "paper", "none")
@@ -57,7 +61,7 @@ class FusionOutcome:
     """A plan and, when the search verified it, the exact-solver schedule it was judged by."""
 
     plan: FusionPlan
-    schedule: Schedule | None = None
+    schedule: ScheduleResult | None = None
 
 
 def plan_fusion(
@@ -175,7 +179,7 @@ def fuse(
     chosen.sort(key=lambda c: c.cost_us)
     replayed: dict[str, float] = {}
     skipped: list[str] = []
-    verified: list[tuple[float, int, FusionPlan, Schedule]] = []
+    verified: list[tuple[float, int, FusionPlan, ScheduleResult]] = []
     for rank, cand in enumerate(chosen):
         if (
             bounded
@@ -196,9 +200,9 @@ def fuse(
         verified.append((sched.predicted_iteration_us, rank, plan, sched))
     # Ties keep the oracle's ranking.
     best_us, best_rank, best_plan, best_schedule = min(verified, key=lambda v: (v[0], v[1]))
-    robust_mean = best_schedule.meta.get("robust", {}).get("jitter_mean_us")
-    if robust_mean is not None:
-        from pace.lp import ROBUST_TOLERANCE
+    if best_schedule.robust is not None:
+        from pace.lp import ROBUST_TOLERANCE, select_robust
+        from pace.lp.robust import RobustOption
 
         tol = ROBUST_TOLERANCE if robust_tolerance is None else robust_tolerance
         # Nominally within the tolerance of the best NOMINAL schedule of any plan (each robust
@@ -206,7 +210,7 @@ def fuse(
         # not compound), and never worse than the two references (a skipped reference's oracle
         # value is a lower bound on its replay).
         best_nominal_us = min(
-            float(sched.meta.get("robust", {}).get("nominal_choice_us", us))
+            sched.robust.nominal_choice_us if sched.robust is not None else us
             for us, _, _, sched in verified
         )
         limit = best_nominal_us * (1.0 + tol)
@@ -215,12 +219,18 @@ def fuse(
                 ref_us = replayed.get(cand.label, cand.cost_us)
                 limit = min(limit, ref_us)
         limit = max(limit, best_us)
-        pick = (float(robust_mean), best_us, best_rank)
-        for us, rank, _, sched in verified:
-            mean_us = sched.meta.get("robust", {}).get("jitter_mean_us")
-            if mean_us is not None and us <= limit and (float(mean_us), us, rank) < pick:
-                pick = (float(mean_us), us, rank)
-        best_rank = pick[2]
+        options = {
+            rank: RobustOption(
+                nominal_us=us,
+                mean_us=functools.partial(float, sched.robust.jitter_mean_us),
+                rank=rank,
+                payload=rank,
+            )
+            for us, rank, _, sched in verified
+            if sched.robust is not None
+        }
+        pick, _ = select_robust(options[best_rank], list(options.values()), limit)
+        best_rank = pick.payload
         _, _, best_plan, best_schedule = next(v for v in verified if v[1] == best_rank)
     elif robust and not per_candidate:
         refs = [us for us, rank, _, _ in verified if chosen[rank].label in ("none", paper_label)]
@@ -244,7 +254,7 @@ def fuse(
 
 def _schedule_exact(
     trace: Trace, plan: FusionPlan, robust: bool | None, robust_tolerance: float | None
-) -> Schedule:
+) -> ScheduleResult:
     from pace.lp import ROBUST_TOLERANCE, schedule
 
     return schedule(

@@ -17,8 +17,11 @@ compile pipeline falls back to ``solver="exact"`` on any :class:`~pace.errors.So
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pace.errors import InputError, LimitError
@@ -49,8 +52,11 @@ from pace.lp.robust import (
     ROBUST_SD,
     ROBUST_TOLERANCE,
     JitterWorlds,
+    RobustChoice,
+    RobustOption,
     jitter_worlds,
     jittered_replays_us,
+    select_robust,
 )
 
 __all__ = [
@@ -67,6 +73,8 @@ __all__ = [
     "JitterWorlds",
     "LpSolution",
     "Reduction",
+    "RobustChoice",
+    "ScheduleResult",
     "SlotInstance",
     "best_units",
     "choose_slot_us",
@@ -77,6 +85,7 @@ __all__ = [
     "reduction",
     "replay_us",
     "schedule",
+    "select_robust",
     "slot_instance",
     "solve_deadline",
     "solve_exact",
@@ -109,6 +118,22 @@ _ROBUST_MIN_POOL = 4
 ROBUST_FULL_MAX_JOBS = 1000
 _GRACE_FRACTIONS_LARGE = (0.005, 0.02)
 _SLICE_DIVISORS_LARGE = (4, 16)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduleResult:
+    """What :func:`schedule` decided: the schedule, the candidate it ships, every candidate's
+    job-level replay, and the robust selection's choice (``None`` when it did not run).
+    ``schedule.meta`` carries the same facts for the schedule file."""
+
+    schedule: Schedule
+    chosen: str
+    candidates_us: Mapping[str, float]
+    robust: RobustChoice | None
+
+    @property
+    def predicted_iteration_us(self) -> float:
+        return self.schedule.predicted_iteration_us
 
 
 def lower_bound_us(trace: Trace) -> float:
@@ -222,7 +247,7 @@ def schedule(
     robust_samples: int = ROBUST_SAMPLES,
     robust_sd: float = ROBUST_SD,
     robust_tolerance: float = ROBUST_TOLERANCE,
-) -> Schedule:
+) -> ScheduleResult:
     """The compiled schedule of ``trace`` under fusion ``plan`` (no fusion if ``None``).
 
     ``solver="exact"``: largest tail first (optimal for ``alpha = 0``), then the overhead-aware
@@ -237,15 +262,16 @@ def schedule(
     — and no worse than the FIFO, need-order (TicTac) and P3 candidates — take the one with the
     best mean replay over ``robust_samples`` jittered copies of the trace (op durations times
     lognormal factors with log-sd ``robust_sd``, fixed seed; :mod:`pace.lp.robust`).
-    ``predicted_iteration_us`` is still the nominal simulator replay of exactly the chosen units;
-    ``meta["robust"]`` records both choices' nominal and jittered values.
+    ``predicted_iteration_us`` is still the nominal replay of exactly the chosen units;
+    ``ScheduleResult.robust`` (and ``meta["robust"]``) records both choices' nominal and
+    jittered values.
 
     Raises ``InputError`` for a bad trace/plan/option and, for ``solver="lp"``,
     ``InfeasibleError`` / ``SolverTimeoutError`` / ``SolverMissingError``.
 
     >>> from pace.synth import random_trace
     >>> t = random_trace(seed=7, n_layers=5, integer=True)
-    >>> s = schedule(t)
+    >>> s = schedule(t).schedule
     >>> abs(s.predicted_iteration_us - lower_bound_us(t)) < 1e-6
     True
     """
@@ -327,10 +353,10 @@ def schedule(
             cands.append(base_cand)
             verified.append((sim_us, len(ranked), base_cand, units))
     predicted, _, chosen, units = min(verified, key=lambda v: (v[0], v[1]))
+    robust_choice: RobustChoice | None = None
     if robust:
         worlds = jitter_worlds(trace, samples=robust_samples, sd=robust_sd)
-        predicted, chosen, units, info["robust"] = _robust_choice(
-            trace,
+        predicted, chosen, units, robust_choice = _robust_choice(
             red,
             cands,
             worlds,
@@ -338,6 +364,7 @@ def schedule(
             robust_tolerance,
             (p3_us, p3_units),
         )
+        info["robust"] = robust_choice.as_meta()
     info.update(
         {
             "chosen": chosen.name,
@@ -346,27 +373,35 @@ def schedule(
             "compile_seconds": time.perf_counter() - t0,
         }
     )
-    return Schedule(
+    sched = Schedule(
         trace_digest=trace_digest(trace),
         cost_model=trace.comm,
         units=units,
         predicted_iteration_us=predicted,
         meta=info,
     )
+    return ScheduleResult(
+        schedule=sched,
+        chosen=chosen.name,
+        candidates_us=info["candidates_us"],
+        robust=robust_choice,
+    )
+
+
+_Choice = tuple[Candidate, tuple[Unit, ...]]
 
 
 def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call site)
-    trace: Trace,
     red: Reduction,
     cands: list[Candidate],
     worlds: JitterWorlds,
     nominal: tuple[float, Candidate, tuple[Unit, ...]],
     tolerance: float,
     p3: tuple[float, tuple[Unit, ...]],
-) -> tuple[float, Candidate, tuple[Unit, ...], dict[str, Any]]:
-    """Best mean jittered replay among candidates nominally within ``tolerance`` of the best
-    (and no worse than the FIFO / need-order candidates and P3's replay ``p3``, whose own units
-    are a candidate too: fixed-size slices are robust by nature)."""
+) -> tuple[float, Candidate, tuple[Unit, ...], RobustChoice]:
+    """``select_robust`` over this plan's candidates: nominally within ``tolerance`` of the best
+    and no worse than the FIFO / need-order candidates and P3's replay ``p3``, whose own units
+    are an option too (fixed-size slices are robust by nature)."""
     best_us, best_cand, best_units_ = nominal
     p3_us, p3_units = p3
     limit = min(best_us * (1.0 + tolerance), p3_us)
@@ -375,8 +410,14 @@ def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call sit
         if c.name in ("fifo-order", "need-order", "baseline-p3"):
             limit = min(limit, c.replay_us)
     limit = max(limit, best_us)
-    nominal_mean = sum(jittered_replays_us(worlds, best_units_)) / worlds.samples
-    pick = (nominal_mean, best_us, best_cand, best_units_)
+
+    def mean_of(units: tuple[Unit, ...]) -> Callable[[], float]:
+        return functools.cache(lambda: sum(jittered_replays_us(worlds, units)) / worlds.samples)
+
+    first: RobustOption[_Choice] = RobustOption(
+        nominal_us=best_us, mean_us=mean_of(best_units_), rank=-1, payload=(best_cand, best_units_)
+    )
+    others: list[RobustOption[_Choice]] = []
     seen = {best_units_}
     pool = sorted(
         (c for c in cands if c.pieces and c.replay_us <= limit), key=lambda c: c.replay_us
@@ -387,41 +428,37 @@ def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call sit
         n_pool = 2
     for cand in pool[:n_pool]:
         units = units_from_pieces(red, cand.pieces)
-        if units in seen:
-            continue
-        seen.add(units)
-        nominal_us = replay_us(red, units)
-        if nominal_us > limit:
-            continue
-        mean_us = sum(jittered_replays_us(worlds, units)) / worlds.samples
-        if (mean_us, nominal_us) < (pick[0], pick[1]):
-            pick = (mean_us, nominal_us, cand, units)
-    if p3_units and p3_units not in seen and p3_us <= limit:
-        mean_us = sum(jittered_replays_us(worlds, p3_units)) / worlds.samples
-        if (mean_us, p3_us) < (pick[0], pick[1]):
-            pick = (
-                mean_us,
-                p3_us,
-                Candidate(name="baseline-p3", pieces=(), replay_us=p3_us),
-                p3_units,
+        if units not in seen:
+            seen.add(units)
+            others.append(
+                RobustOption(
+                    nominal_us=replay_us(red, units),
+                    mean_us=mean_of(units),
+                    rank=len(others),
+                    payload=(cand, units),
+                )
             )
-    mean_us, _, cand, units = pick
-    predicted = best_us
-    if cand is not best_cand:
-        sim_us = replay_us(red, units)
-        if sim_us <= limit * (1.0 + 1e-12):
-            predicted = sim_us
-        else:  # the fast replay disagreed with the simulator: keep the nominal choice
-            mean_us, cand, units = nominal_mean, best_cand, best_units_
-    meta = {
-        "samples": worlds.samples,
-        "tolerance": tolerance,
-        "jitter_mean_us": mean_us,
-        "nominal_choice": best_cand.name,
-        "nominal_choice_us": best_us,
-        "nominal_choice_jitter_mean_us": nominal_mean,
-    }
-    return predicted, cand, units, meta
+    if p3_units and p3_units not in seen:
+        p3_cand = Candidate(name="baseline-p3", pieces=(), replay_us=p3_us)
+        others.append(
+            RobustOption(
+                nominal_us=p3_us,
+                mean_us=mean_of(p3_units),
+                rank=len(others),
+                payload=(p3_cand, p3_units),
+            )
+        )
+    pick, mean_us = select_robust(first, others, limit)
+    cand, units = pick.payload
+    choice = RobustChoice(
+        samples=worlds.samples,
+        tolerance=tolerance,
+        jitter_mean_us=mean_us,
+        nominal_choice=best_cand.name,
+        nominal_choice_us=best_us,
+        nominal_choice_jitter_mean_us=first.mean_us(),
+    )
+    return pick.nominal_us, cand, units, choice
 
 
 def _split_jobs(cand: Candidate) -> int:

@@ -17,8 +17,9 @@ the op DAG, vectorised across all worlds at once (numpy arrays of one value per 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -35,8 +36,11 @@ __all__ = [
     "ROBUST_SEED",
     "ROBUST_TOLERANCE",
     "JitterWorlds",
+    "RobustChoice",
+    "RobustOption",
     "jitter_worlds",
     "jittered_replays_us",
+    "select_robust",
 ]
 
 ROBUST_SAMPLES = 8
@@ -48,6 +52,63 @@ ROBUST_TOLERANCE = 0.005
 """A robust choice may be at most this much (relative) slower nominally than the best."""
 
 FloatArray = npt.NDArray[np.float64]
+P = TypeVar("P")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RobustOption(Generic[P]):
+    """One choice the robust selection may make: its nominal replay, its mean jittered replay
+    (computed only if it is admissible: it costs a replay per world), and a tie-break rank."""
+
+    nominal_us: float
+    mean_us: Callable[[], float]
+    rank: float
+    payload: P
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RobustChoice:
+    """What the robust selection decided, next to the nominal choice it replaced."""
+
+    samples: int
+    tolerance: float
+    jitter_mean_us: float
+    nominal_choice: str
+    nominal_choice_us: float
+    nominal_choice_jitter_mean_us: float
+
+    def as_meta(self) -> dict[str, Any]:
+        """The schedule file's ``meta.robust`` object."""
+        return {
+            "samples": self.samples,
+            "tolerance": self.tolerance,
+            "jitter_mean_us": self.jitter_mean_us,
+            "nominal_choice": self.nominal_choice,
+            "nominal_choice_us": self.nominal_choice_us,
+            "nominal_choice_jitter_mean_us": self.nominal_choice_jitter_mean_us,
+        }
+
+
+def select_robust(
+    nominal: RobustOption[P], others: Sequence[RobustOption[P]], limit_us: float
+) -> tuple[RobustOption[P], float]:
+    """The robust selection, the one rule every level applies: among ``nominal`` (the nominal
+    choice, always admissible) and the ``others`` whose nominal replay is at most ``limit_us``,
+    the option with the best mean jittered replay; ties go to the better nominal replay, then
+    the lower rank. Returns the option and its mean.
+
+    The caller sets ``limit_us`` from its guarantees: within the tolerance of the best nominal
+    replay, and never above a reference it must not lose to.
+    """
+    best = nominal
+    best_key = (nominal.mean_us(), nominal.nominal_us, nominal.rank)
+    for opt in others:
+        if opt.nominal_us > limit_us:
+            continue
+        key = (opt.mean_us(), opt.nominal_us, opt.rank)
+        if key < best_key:
+            best, best_key = opt, key
+    return best, best_key[0]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
