@@ -30,14 +30,14 @@ latency of very large rings, a bias documented rather than guessed at.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from pace.bounds import MAX_BETA_US_PER_BYTE, MAX_DURATION_US, MAX_TENSOR_BYTES, MIN_NONZERO_US
+from pace.checks import require_int, require_number
 from pace.errors import InputError
-from pace.io import MAX_BETA_US_PER_BYTE, MAX_DURATION_US, MAX_TENSOR_BYTES, MIN_NONZERO_US
 from pace.ir import CommModel
 
 BYTES_PER_US_PER_GBPS = 1e9 / 8 / 1e6  # 1 Gbit/s = 125 bytes per microsecond
@@ -45,25 +45,15 @@ BYTES_PER_US_PER_GBYTES_PER_S = 1e3  # 1 GB/s = 1000 bytes per microsecond
 
 
 def _positive(value: float, option: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InputError(f"must be a finite number > 0, got {value!r}", where=option)
-    if value <= 0:
-        raise InputError(f"must be > 0, got {value!r}", where=option)
-    return float(value)
+    return require_number(value, where=option, above=0)
 
 
 def _workers(value: int, option: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"must be an integer >= 1, got {value!r}", where=option)
-    return value
+    return require_int(value, where=option, minimum=1)
 
 
 def _nonneg(value: float, option: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InputError(f"must be a finite number >= 0, got {value!r}", where=option)
-    if value < 0:
-        raise InputError(f"must be >= 0, got {value!r}", where=option)
-    return float(value)
+    return require_number(value, where=option, minimum=0)
 
 
 def ring_beta_us_per_byte(
@@ -170,16 +160,8 @@ def fit_linear(
                 f"must be a (bytes, us) pair, got {pt!r}", where="samples", field=f"[{i}]"
             )
         b, us = pt
-        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
-            raise InputError(
-                f"bytes must be an integer >= 0, got {b!r}", where="samples", field=f"[{i}]"
-            )
-        if isinstance(us, bool) or not isinstance(us, int | float) or not math.isfinite(us):
-            raise InputError(
-                f"us must be a finite number, got {us!r}", where="samples", field=f"[{i}]"
-            )
-        if us < 0:
-            raise InputError(f"us must be >= 0, got {us!r}", where="samples", field=f"[{i}]")
+        b = require_int(b, where="samples", field=f"[{i}]", name="bytes", minimum=0)
+        us = require_number(us, where="samples", field=f"[{i}]", name="us", minimum=0)
         # The trace bounds (pace.io): a subnormal time would make the 1/us weight infinite.
         if b > MAX_TENSOR_BYTES or us > MAX_DURATION_US or 0 < us < MIN_NONZERO_US:
             raise InputError(

@@ -28,14 +28,14 @@ moment, sees the old file or the new one, never a truncated mix.
 ``load_trace`` and ``load_schedule`` also run the structural checks of ``pace.verify`` (names,
 references, cycles, Lemma 1, coverage), so every stage receives a checked object.
 
-``trace_digest`` identifies the computation a schedule was compiled for; see its docstring.
+``trace_digest`` identifies the computation a schedule was compiled for; it lives in
+``pace.digest`` (re-exported here), the bounds of the domain in ``pace.bounds`` (re-exported).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gzip
-import hashlib
 import io
 import json
 import math
@@ -48,19 +48,61 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from pace.errors import InputError
-from pace.ir import (
-    PHASES,
-    SCHEDULE_MODES,
-    CommModel,
-    Op,
-    Phase,
-    Schedule,
-    Slice,
-    Tensor,
-    Trace,
-    Unit,
+from pace.bounds import (
+    MAX_BETA_US_PER_BYTE,
+    MAX_COMPUTE_SPEEDUP,
+    MAX_DURATION_US,
+    MAX_FILE_BYTES,
+    MAX_ITEMS,
+    MAX_JSON_INT,
+    MAX_SLICES,
+    MAX_TENSOR_BYTES,
+    MAX_WORKERS,
+    MIN_COMPUTE_SPEEDUP,
+    MIN_NONZERO_BETA_US_PER_BYTE,
+    MIN_NONZERO_US,
 )
+from pace.checks import is_int, is_number
+from pace.digest import DIGEST_PREFIX, trace_digest
+from pace.errors import InputError
+from pace.ir import CommModel, Op, Schedule, Slice, Tensor, Trace, Unit
+from pace.options import PHASES, SCHEDULE_MODES
+
+# The public names; the bounds (pace.bounds) and the digest (pace.digest) are re-exported:
+# callers have always imported them from here.
+__all__ = [
+    "DIGEST_PREFIX",
+    "MAX_BETA_US_PER_BYTE",
+    "MAX_COMPUTE_SPEEDUP",
+    "MAX_DURATION_US",
+    "MAX_FILE_BYTES",
+    "MAX_ITEMS",
+    "MAX_JSON_INT",
+    "MAX_SLICES",
+    "MAX_TENSOR_BYTES",
+    "MAX_WORKERS",
+    "MIN_COMPUTE_SPEEDUP",
+    "MIN_NONZERO_BETA_US_PER_BYTE",
+    "MIN_NONZERO_US",
+    "SCHEDULE_FORMAT",
+    "SUPPORTED_SCHEDULE_VERSIONS",
+    "SUPPORTED_TRACE_VERSIONS",
+    "TRACE_FORMAT",
+    "PathLike",
+    "check_compute_speedup",
+    "display_path",
+    "load_json",
+    "load_schedule",
+    "load_trace",
+    "save_schedule",
+    "save_trace",
+    "schedule_from_dict",
+    "schedule_to_dict",
+    "trace_digest",
+    "trace_from_dict",
+    "trace_to_dict",
+    "write_atomic",
+]
 
 TRACE_FORMAT = "pace.trace"
 SCHEDULE_FORMAT = "pace.schedule"
@@ -72,37 +114,9 @@ PathLike = str | os.PathLike[str]
 T = TypeVar("T")
 
 # ---------------------------------------------------------------------------------------------
-# Bounds of the domain (docs/trace-format.md, "Bounds"). Generous for any real training job, yet
-# small enough that every sum and product the stages compute stays exact or finite: 2**20 tensors
-# of 2**48 bytes would overflow numpy's int64, a 1e308 us duration turns sums into inf and
-# differences into NaN, and P3/ByteScheduler loop over 2**70 bytes of partitions for ever.
+# Bounds of the domain (docs/trace-format.md, "Bounds"): the numbers are in pace.bounds, their
+# explanations in messages here.
 
-MAX_FILE_BYTES = 2**28
-"""256 MiB of JSON text (after gunzip): a 50,000-op trace takes 6 MB."""
-MAX_JSON_INT = 2**63 - 1
-"""Every JSON integer, anywhere (``meta`` included): what 64-bit readers in other languages can
-hold; Python itself refuses to convert literals of more than 4,300 digits."""
-MAX_ITEMS = 2**20
-"""ops, tensors, units and comm samples: at most this many each (a large transformer profiled
-per kernel has about 10**5 ops)."""
-MAX_SLICES = 2**22
-"""slices of all units of a schedule together."""
-MAX_TENSOR_BYTES = 2**48
-"""256 TiB: bound on one tensor and on all tensors of a trace together (64 trillion fp32
-parameters; no data-parallel worker holds a gradient anywhere near this)."""
-MAX_DURATION_US = 86_400e6
-"""One day in microseconds: bound on an op's duration, ``alpha_us`` and a sample's time; a
-training iteration window is seconds."""
-MIN_NONZERO_US = 1e-100
-"""A nonzero duration, ``alpha_us`` or sample time is at least this: far below any physical time,
-yet the ratio of a day to it stays finite (a day over 1e-300 us, or a subnormal, is ``inf``), and
-above a least-squares fit's numerical zero (1e-16), which pace writes into files itself."""
-MAX_BETA_US_PER_BYTE = 1e6
-"""One byte per second: slower than any link a gradient was ever all-reduced over."""
-MIN_NONZERO_BETA_US_PER_BYTE = 1e-100
-"""The same floor for a nonzero per-byte cost."""
-MAX_WORKERS = 2**20
-"""A million workers: beyond the largest clusters built."""
 _WHY_BYTES = "2**48 bytes, 256 TiB"
 _WHY_WORKERS = "2**20 workers"
 
@@ -120,12 +134,6 @@ class _Range:
 _TINY = "smaller is no time: a day divided by it overflows"
 _US = _Range(MAX_DURATION_US, "one day in us", MIN_NONZERO_US, _TINY)
 _BETA = _Range(MAX_BETA_US_PER_BYTE, "one byte per second", MIN_NONZERO_BETA_US_PER_BYTE, _TINY)
-
-MIN_COMPUTE_SPEEDUP = 1e-3
-MAX_COMPUTE_SPEEDUP = 1e6
-"""``--compute-speedup`` and a schedule's ``meta.compute_speedup``: from 1000x slower to a million
-times faster than profiled (CPU profiles are replayed 10x to 100x faster in the docs)."""
-
 
 # ---------------------------------------------------------------------------------------------
 # Raw JSON
@@ -513,7 +521,7 @@ def _kind(v: Any) -> str:
 def _show(v: Any) -> str:
     if isinstance(v, dict | list):
         return _kind(v)
-    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 128:
+    if is_int(v) and v.bit_length() > 128:
         # str() of an int over 4,300 digits raises; such a value can only come from Python.
         return f"an integer of {v.bit_length()} bits"
     text = json.dumps(v) if isinstance(v, str | bool | int | float) or v is None else repr(v)
@@ -558,7 +566,7 @@ class _Reader:
         maximum: int = MAX_JSON_INT,
         why: str = "64-bit integers",
     ) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        if not is_int(v) or v < minimum:
             want = "> 0" if minimum == 1 else f">= {minimum}"
             raise self.err(field, f"must be an integer {want}, got {_show(v)}")
         if v > maximum:
@@ -577,7 +585,7 @@ class _Reader:
         nonneg: bool = True,
         bound: _Range | None = None,
     ) -> float:
-        if isinstance(v, bool) or not isinstance(v, int | float):
+        if not is_number(v):
             raise self.err(field, f"must be a number, got {_show(v)}")
         x = float(v)
         if not math.isfinite(x):
@@ -635,7 +643,7 @@ def _op_from(r: _Reader, v: Any, path: str) -> Op:
     deps = r.names(o["deps"], f"{path}.deps") if "deps" in o else ()
     return Op(
         name=r.str_(r.req(o, "name", path), f"{path}.name"),
-        phase=cast(Phase, phase),
+        phase=phase,
         duration_us=r.num(
             r.req(o, "duration_us", path),
             f"{path}.duration_us",
@@ -836,8 +844,7 @@ def check_compute_speedup(value: Any, *, where: str = "", field: str = "") -> fl
     Used for ``--compute-speedup`` (``where`` the option) and a schedule's
     ``meta.compute_speedup`` (``where`` the file), so each error names what the user gave.
     """
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok:
+    if not is_number(value):
         raise InputError(f"must be a number, got {_show(value)}", where=where, field=field)
     x = float(value)
     if not (MIN_COMPUTE_SPEEDUP <= x <= MAX_COMPUTE_SPEEDUP):
@@ -894,45 +901,3 @@ def load_schedule(path: PathLike, *, trace: Trace | None = None) -> Schedule:
 def save_schedule(schedule: Schedule, path: PathLike) -> None:
     """Write ``schedule`` to ``path``; gzip-compressed if the name ends in ``.gz``."""
     _dump(schedule_to_dict(schedule), path)
-
-
-# ---------------------------------------------------------------------------------------------
-# Digest
-
-DIGEST_PREFIX = "sha256:"
-
-
-def trace_digest(trace: Trace) -> str:
-    """``"sha256:<hex>"`` over the computation a schedule is compiled for.
-
-    Covered, in trace order: every op's ``name``, ``phase``, ``duration_us`` and ``deps`` (in
-    order), and every tensor's ``name``, ``bytes``, ``producer`` and ``consumers`` (in order).
-    Not covered: ``model``, ``meta`` and ``comm``. The communication model is left out on
-    purpose: a schedule records the model it was compiled for in its own ``cost_model`` (which a
-    what-if compile changes legitimately), so the digest answers only "same graph, same
-    tensors, same durations?". The digest is independent of JSON key order, whitespace, gzip
-    and of how a number is spelled (``10`` and ``10.0`` hash alike: numbers are hashed as
-    float64 ``repr``), but it does change when ops or tensors are listed in another order: list
-    order is what a profiler emits and what tie-breaking in the compiler sees.
-
-    The hashed text is the canonical JSON (sorted keys, no spaces) of
-    ``{"digest": "pace.trace/1", "ops": [[name, phase, duration_us, [deps]], ...],
-    "tensors": [[name, bytes, producer, [consumers]], ...]}`` (``element_bytes`` appended to a
-    tensor's list when it is not 1).
-    """
-    payload = {
-        "digest": "pace.trace/1",
-        "ops": [[op.name, op.phase, float(op.duration_us), list(op.deps)] for op in trace.ops],
-        # element_bytes joins a tensor's entry only when known (!= 1): it constrains valid
-        # schedules, and leaving it out otherwise keeps the digests of older traces unchanged.
-        "tensors": [
-            [t.name, int(t.size_bytes), t.producer, list(t.consumers)]
-            + ([int(t.element_bytes)] if t.element_bytes != 1 else [])
-            for t in trace.tensors
-        ],
-    }
-    try:
-        text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        raise InputError("cannot digest a trace with non-finite durations") from None
-    return DIGEST_PREFIX + hashlib.sha256(text.encode("utf-8")).hexdigest()

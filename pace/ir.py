@@ -14,16 +14,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-Phase = Literal["forward", "backward", "optimizer", "other"]
-PHASES: tuple[str, ...] = ("forward", "backward", "optimizer", "other")
-# How the training loop meets its gradients (docs/schedule-format.md, "mode"): "overlap" applies
-# each update as soon as its gradient is reduced, so the next forward overlaps communication;
-# "sync" returns from backward() with every gradient reduced (DDP's contract), so the next
-# forward waits for all of them.
-ScheduleMode = Literal["overlap", "sync"]
-SCHEDULE_MODES: tuple[str, ...] = ("overlap", "sync")
+from pace.options import PHASES, SCHEDULE_MODES, Phase, ScheduleMode
+
+# The op phases and schedule modes are defined in pace.options (every option set in one place)
+# and re-exported here, where most modules have always imported them from.
+__all__ = [
+    "PHASES",
+    "SCHEDULE_MODES",
+    "CommModel",
+    "FusionPlan",
+    "Interference",
+    "Op",
+    "Phase",
+    "Schedule",
+    "ScheduleMode",
+    "Slice",
+    "Tensor",
+    "Trace",
+    "Unit",
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,11 +64,48 @@ class Tensor:
     element_bytes: int = 1
 
 
+MAX_COMPUTE_LOSS = 0.95
+"""Compute never loses more than this fraction of its progress to communication."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Interference:
+    """How much computation slows down beside communication (trace format: ``comm.interference``).
+
+    Where compute and communication share processors (CPU ranks: gloo's threads, the kernel's
+    TCP path; a GPU's SMs running NCCL kernels), an all-reduce in flight takes progress from
+    the ops running at the same time. While a call of ``b`` bytes holds the channel for ``d`` us,
+    concurrent computation loses ``us_per_call + us_per_byte * b`` us of progress, spread evenly
+    over ``d`` (so it runs at ``1 - loss / d`` of its speed, never below ``1 -
+    MAX_COMPUTE_LOSS``). ``idle_loss`` is the fraction lost with no call in flight (a backend's
+    background loop polling). ``samples`` are the measured ``(bytes per call, loss fraction)``
+    points the fit came from.
+    """
+
+    us_per_byte: float = 0.0
+    us_per_call: float = 0.0
+    idle_loss: float = 0.0
+    samples: tuple[tuple[int, float], ...] = ()
+
+    def busy_loss(self, size_bytes: float, duration_us: float) -> float:
+        """Fraction of compute progress lost while a call of ``size_bytes`` is in flight."""
+        if duration_us <= 0:
+            return self.idle_loss
+        loss = self.idle_loss + (self.us_per_call + self.us_per_byte * size_bytes) / duration_us
+        return min(MAX_COMPUTE_LOSS, max(0.0, loss))
+
+    @property
+    def active(self) -> bool:
+        return self.us_per_byte > 0 or self.us_per_call > 0 or self.idle_loss > 0
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommModel:
     """Cost of one all-reduce call: ``alpha_us + beta_us_per_byte * bytes``.
 
     ``samples`` are the measured ``(bytes, us)`` points the model was fitted on, if any.
+    ``interference``: what communication costs the computation beside it (``None``: nothing,
+    as a GPU and a NIC that share nothing).
     """
 
     workers: int
@@ -65,6 +113,7 @@ class CommModel:
     beta_us_per_byte: float
     algorithm: str = "ring"
     samples: tuple[tuple[int, float], ...] = ()
+    interference: Interference | None = None
 
     def cost_us(self, size_bytes: float) -> float:
         """Duration of one all-reduce call carrying ``size_bytes`` bytes."""

@@ -23,14 +23,13 @@ model is deterministic. Two users, one objective (the mean over worlds):
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from pace.errors import InputError
+from pace.checks import require_int, require_number
 from pace.ir import Trace
 
 FloatArray = npt.NDArray[np.float64]
@@ -49,15 +48,8 @@ class JitterModel:
 
     def __post_init__(self) -> None:
         for name in ("op_sd", "phase_sd", "comm_sd"):
-            v = getattr(self, name)
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, int | float)
-                or not (math.isfinite(v) and v >= 0)
-            ):
-                raise InputError(f"must be a finite number >= 0, got {v!r}", field=name)
-        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
-            raise InputError(f"must be an integer >= 1, got {self.samples!r}", field="samples")
+            require_number(getattr(self, name), field=name, minimum=0)
+        require_int(self.samples, field="samples", minimum=1)
 
     def _draws(self, n_ops: int) -> tuple[FloatArray, FloatArray, FloatArray]:
         rng = np.random.default_rng(self.seed)

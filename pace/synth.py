@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pace.errors import InputError
 from pace.ir import CommModel, Op, Tensor, Trace
 
 
@@ -37,9 +38,12 @@ def random_trace(
     bound is 0.
     """
     if n_layers < 1:
-        raise ValueError("n_layers must be >= 1")
+        raise InputError(f"must be >= 1, got {n_layers}", field="n_layers")
     if ops_per_layer < 2:
-        raise ValueError("ops_per_layer must be >= 2 (one backward op and one forward op)")
+        raise InputError(
+            f"must be >= 2 (one backward op and one forward op), got {ops_per_layer}",
+            field="ops_per_layer",
+        )
     rng = np.random.default_rng(seed)
     extra = ops_per_layer - 2
     # Half the extra ops go to backward, half to forward, so both passes have depth.

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pace.analysis import analyze
+from pace.errors import InputError
 from pace.ir import Trace, Unit
 from pace.sim import SimResult
 
@@ -106,16 +108,16 @@ def build_timeline(trace: Trace, runs: Mapping[str, SimResult]) -> Timeline:
     """Lay out every op and communication unit of each run on lanes.
 
     ``runs`` maps a label (shown in titles and as the Chrome process name) to a replay of
-    ``trace``; their order is the panel order. Raises ``ValueError`` if ``runs`` is empty or a
+    ``trace``; their order is the panel order. Raises ``InputError`` if ``runs`` is empty or a
     result was not replayed on this trace (its op or tensor counts differ).
     """
     if not runs:
-        raise ValueError("build_timeline needs at least one run")
+        raise InputError("build_timeline needs at least one run", field="runs")
     tensor_depth = _tensor_depths(trace)
     out = []
     for label, res in runs.items():
         if len(res.tensor_done_us) != len(trace.tensors) or len(res.op_start_us) != len(trace.ops):
-            raise ValueError(
+            raise InputError(
                 f"run {label!r} was not replayed on trace {trace.model!r}: "
                 f"{len(res.op_start_us)} ops and {len(res.tensor_done_us)} tensors, "
                 f"the trace has {len(trace.ops)} and {len(trace.tensors)}"
@@ -212,37 +214,10 @@ def _tensor_depths(trace: Trace) -> dict[str, float]:
     The ranks come from the trace alone (no communication), so the colours mean the same in
     every run being compared.
     """
-    earliest = _earliest_starts_us(trace)
-    inf = float("inf")
-    keyed = []
-    for index, t in enumerate(trace.tensors):
-        first = min((earliest.get(c, inf) for c in t.consumers), default=inf)
-        keyed.append((first, index, t.name))
-    keyed.sort()
+    need = analyze(trace).need_us
+    keyed = sorted((need[k], k, t.name) for k, t in enumerate(trace.tensors))
     n = len(keyed)
     return {name: (rank / (n - 1) if n > 1 else 0.0) for rank, (_, _, name) in enumerate(keyed)}
-
-
-def _earliest_starts_us(trace: Trace) -> dict[str, float]:
-    ops = trace.op_map()
-    waiting = {name: len(op.deps) for name, op in ops.items()}
-    users: dict[str, list[str]] = {name: [] for name in ops}
-    for op in trace.ops:
-        for d in op.deps:
-            users[d].append(op.name)
-    start = dict.fromkeys(ops, 0.0)
-    ready = [name for name, k in waiting.items() if k == 0]
-    while ready:
-        name = ready.pop()
-        finish = start[name] + ops[name].duration_us
-        for user in users[name]:
-            start[user] = max(start[user], finish)
-            waiting[user] -= 1
-            if waiting[user] == 0:
-                ready.append(user)
-    if any(waiting.values()):
-        raise ValueError(f"trace {trace.model!r} has a dependency cycle")
-    return start
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,12 +21,10 @@ only used to extract a cycle for the error message.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Sequence
 
-from pace.errors import InputError, ScheduleMismatchError
-from pace.io import (
+from pace.bounds import (
     MAX_BETA_US_PER_BYTE,
     MAX_DURATION_US,
     MAX_ITEMS,
@@ -35,9 +33,12 @@ from pace.io import (
     MAX_WORKERS,
     MIN_NONZERO_BETA_US_PER_BYTE,
     MIN_NONZERO_US,
-    trace_digest,
 )
-from pace.ir import PHASES, CommModel, Schedule, Slice, Trace
+from pace.checks import is_int, is_number, shown
+from pace.digest import trace_digest
+from pace.errors import InputError, ScheduleMismatchError
+from pace.ir import CommModel, Schedule, Slice, Trace
+from pace.options import PHASES
 
 # Names printed in a message: a cycle through thousands of ops, or a name of 10,000 characters,
 # must still give one readable line.
@@ -46,11 +47,11 @@ _CHAIN_NAMES = 6
 
 
 def _is_int(x: object, minimum: int, maximum: int = MAX_TENSOR_BYTES) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and minimum <= x <= maximum
+    return is_int(x) and minimum <= x <= maximum
 
 
 def _is_num(x: object) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    return is_number(x, finite=True)
 
 
 def _in_range(x: object, maximum: float, least: float) -> bool:
@@ -60,9 +61,7 @@ def _in_range(x: object, maximum: float, least: float) -> bool:
 
 def _show(x: object) -> str:
     # repr, except for ints too long to print (str() refuses more than 4,300 digits).
-    if isinstance(x, int) and not isinstance(x, bool) and x.bit_length() > 128:
-        return f"an integer of {x.bit_length()} bits"
-    text = repr(x)
+    text = shown(x)
     return text if len(text) <= 40 else text[:37] + "..."
 
 

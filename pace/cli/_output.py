@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from pace.checks import is_number
 from pace.errors import printable
 
 # An error or warning is one line of at most this many characters, whatever names a file holds.
@@ -67,11 +68,7 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
     table = Table(title=title)
     materialised = [list(r) for r in rows]
     for i, col in enumerate(columns):
-        numeric = bool(materialised) and all(
-            isinstance(r[i], int | float) and not isinstance(r[i], bool)
-            for r in materialised
-            if i < len(r)
-        )
+        numeric = bool(materialised) and all(is_number(r[i]) for r in materialised if i < len(r))
         table.add_column(col, justify="right" if numeric else "left")
     for r in materialised:
         table.add_row(*(_cell(v) for v in r))

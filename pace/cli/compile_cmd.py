@@ -13,7 +13,7 @@ from typing import Any
 
 from pace.cli._options import OutputPath, add_what_if_options, float_in
 from pace.cli._output import print_json, print_table, warn
-from pace.ir import SCHEDULE_MODES
+from pace.options import FUSION_METHODS, SCHEDULE_MODES, SOLVERS
 
 # Groups listed one per row in the human-readable plan; longer plans are summarised.
 _MAX_GROUP_ROWS = 40
@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--fusion",
-        choices=("search", "paper", "none"),
+        choices=FUSION_METHODS,
         default=None,
         help="fusion method: search (default; beyond PACE Alg. 1), paper (Alg. 1), none",
     )
@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--solver",
-        choices=("exact", "lp"),
+        choices=SOLVERS,
         default="exact",
         help="exact (largest tail first, default) or lp (the paper's LP; falls back to exact)",
     )

@@ -16,6 +16,7 @@ from typing import Any
 
 from pace.cli._output import print_json, print_table
 from pace.errors import InputError
+from pace.options import IMPORT_TIMINGS
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -38,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("-o", "--output", required=True, help="trace file to write (.json or .json.gz)")
     p.add_argument(
         "--timing",
-        choices=("span", "kernel", "device"),
+        choices=IMPORT_TIMINGS,
         help=(
             "span: CPU wall time to the next op; kernel: CPU time inside the op; device: GPU "
             "kernel time (default: device when the trace has GPU kernels, else span)"

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from pace.bounds import MAX_TENSOR_BYTES, MAX_WORKERS
 from pace.cli._options import (
     MAX_BANDWIDTH_GBPS,
     MIN_BANDWIDTH_GBPS,
@@ -28,7 +29,7 @@ from pace.cli._options import (
 )
 from pace.cli._output import print_json, print_table
 from pace.errors import InputError
-from pace.io import MAX_TENSOR_BYTES, MAX_WORKERS
+from pace.options import COMM_BENCH_BACKENDS, PROFILE_TIMINGS
 
 # Iterations, batch sizes, image sizes...: bounded so that no flag can ask for an absurd run.
 _MAX_COUNT = 2**20
@@ -100,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--timing",
-        choices=("span", "kernel"),
+        choices=PROFILE_TIMINGS,
         default="span",
         help="span: op owns the wall time to the next op (default); kernel: time inside the op",
     )
@@ -134,7 +135,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="measure all-reduce cost with real worker processes and fit alpha + beta*bytes",
         description="Time all-reduce over a size sweep with W real processes; fit the cost.",
     )
-    c.add_argument("--backend", choices=("gloo", "horovod"), default="gloo")
+    c.add_argument("--backend", choices=COMM_BENCH_BACKENDS, default="gloo")
     c.add_argument("--workers", **int_in(1, MAX_WORKERS), default=2)
     c.add_argument("--sizes", help="comma-separated sizes in bytes (64K, 16M ...)")
     c.add_argument(

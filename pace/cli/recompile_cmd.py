@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pace.bounds import MAX_ITEMS
 from pace.cli._options import OutputPath, float_in, int_in
 from pace.cli._output import print_json, print_table
 from pace.errors import InputError
-from pace.io import MAX_ITEMS
+from pace.options import FUSION_METHODS, SOLVERS
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -61,8 +62,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         metavar="G",
         help="switch only above this predicted relative gain (default 0.05, AutoByte's)",
     )
-    p.add_argument("--fusion", default="search", choices=("search", "paper", "none"))
-    p.add_argument("--solver", default="exact", choices=("exact", "lp"))
+    p.add_argument("--fusion", default="search", choices=FUSION_METHODS)
+    p.add_argument("--solver", default="exact", choices=SOLVERS)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -107,14 +108,9 @@ def run(args: argparse.Namespace) -> int:
     from pace.drift.trigger import TriggerOptions
     from pace.io import load_schedule, load_trace, save_schedule, save_trace
 
-    try:
-        est_opts = EstimateOptions(window=args.window)
-    except ValueError as exc:
-        raise InputError(str(exc), where="--window") from None
-    try:
-        trig_opts = TriggerOptions(gain_threshold=args.gain_threshold)
-    except ValueError as exc:
-        raise InputError(str(exc), where="--gain-threshold") from None
+    # In range already (--window, --gain-threshold are checked where argparse reads them).
+    est_opts = EstimateOptions(window=args.window)
+    trig_opts = TriggerOptions(gain_threshold=args.gain_threshold)
     trace = load_trace(args.trace)
     stats = ObservedStats.load(args.observed)
     _check_bounds(stats, args.observed)

@@ -16,9 +16,11 @@ import dataclasses
 import math
 from typing import Any
 
+from pace.checks import is_number
 from pace.cli._options import add_credit_options, add_what_if_options
 from pace.cli._output import print_json, print_table
 from pace.errors import InputError, LimitError
+from pace.options import POLICY_NAMES
 
 
 def add_trace_options(p: argparse.ArgumentParser) -> None:
@@ -82,7 +84,7 @@ def load_trace_and_schedule(
         schedule = load_schedule(path, trace=trace)
         # In range: pace.io checks meta.compute_speedup and names the schedule file.
         recorded = schedule.meta.get("compute_speedup")
-        if speedup is None and isinstance(recorded, int | float) and not isinstance(recorded, bool):
+        if speedup is None and is_number(recorded):
             speedup = float(recorded)
     if schedule is not None and args.bandwidth_gbps is None and args.workers is None:
         # A schedule compiled for a what-if cluster replays on the cost model it was compiled
@@ -162,11 +164,10 @@ def run(args: argparse.Namespace) -> int:
         policy = schedule
         predicted = float(policy.predicted_iteration_us)
     else:
-        from pace.sim import POLICIES
-
-        if args.policy not in POLICIES:
+        if args.policy not in POLICY_NAMES:
             raise InputError(
-                f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}", where="--policy"
+                f"unknown policy {args.policy!r}; known: {', '.join(POLICY_NAMES)}",
+                where="--policy",
             )
         policy = args.policy
     try:

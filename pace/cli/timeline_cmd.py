@@ -20,8 +20,9 @@ from pace.cli._output import print_json, print_table
 from pace.cli.simulate_cmd import add_trace_options, load_trace_and_schedule, replay, sim_options
 from pace.errors import InputError, LimitError
 from pace.io import write_atomic
+from pace.options import POLICY_NAMES, TIMELINE_FORMATS
 
-FORMATS: tuple[str, ...] = ("png", "chrome")
+FORMATS = TIMELINE_FORMATS
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -64,13 +65,11 @@ def output_format(args: argparse.Namespace) -> str:
 
 
 def baseline_names(args: argparse.Namespace) -> list[str]:
-    from pace.sim import POLICIES
-
     names = list(dict.fromkeys(n.strip() for n in args.baseline.split(",") if n.strip()))
-    unknown = [n for n in names if n not in POLICIES]
+    unknown = [n for n in names if n not in POLICY_NAMES]
     if unknown:
         raise InputError(
-            f"unknown policy {unknown[0]!r}; known: {', '.join(POLICIES)}", where="--baseline"
+            f"unknown policy {unknown[0]!r}; known: {', '.join(POLICY_NAMES)}", where="--baseline"
         )
     if not names and args.schedule is None:
         raise InputError("nothing to show: give a policy or --schedule", where="--baseline")

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from pace.checks import is_number
 from pace.cli._output import print_json
 from pace.errors import InputError
 from pace.io import (
@@ -58,7 +59,7 @@ def _check_prediction(schedule: Schedule, trace: Trace, where: str) -> None:
 
     speedup = schedule.meta.get("compute_speedup")
     if speedup is not None:
-        if not isinstance(speedup, int | float) or isinstance(speedup, bool) or speedup <= 0:
+        if not is_number(speedup) or speedup <= 0:
             raise InputError(
                 f"must be a number > 0, got {speedup!r}", where=where, field="meta.compute_speedup"
             )

@@ -22,15 +22,15 @@ old regime.
 from __future__ import annotations
 
 import dataclasses
-import graphlib
 import json
-import math
 import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pace.analysis import analyze
+from pace.checks import is_number, require_int
 from pace.errors import InputError
 from pace.ir import CommModel, Op, Trace
 
@@ -89,7 +89,7 @@ class ObservedStats:
     def last(self, n: int) -> ObservedStats:
         """The same record restricted to its ``n`` most recent iterations."""
         if n <= 0:
-            raise ValueError(f"n must be >= 1, got {n}")
+            raise InputError(f"must be >= 1, got {n}", field="n")
         return dataclasses.replace(self, iterations=self.iterations[-n:])
 
     # -- JSON -------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def _parse_observed(obj: Any, where: str) -> ObservedStats:
     def num(v: Any, path: str, *, optional: bool = False) -> float | None:
         if v is None and optional:
             return None
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        if not is_number(v, finite=True) or v < 0:
             raise err(path, f"must be a finite number >= 0, got {v!r}")
         return float(v)
 
@@ -175,9 +175,7 @@ def _parse_observed(obj: Any, where: str) -> ObservedStats:
         p = f"iterations[{i}]"
         if not isinstance(raw, dict):
             raise err(p, "must be an object")
-        index = raw.get("iteration")
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise err(f"{p}.iteration", f"must be an integer, got {index!r}")
+        index = require_int(raw.get("iteration"), where=where, field=f"{p}.iteration")
         iteration_us = num(raw.get("iteration_us"), f"{p}.iteration_us")
         assert iteration_us is not None  # not optional
         ready_raw = raw.get("grad_ready_us", {})
@@ -197,8 +195,7 @@ def _parse_observed(obj: Any, where: str) -> ObservedStats:
             if not isinstance(u, list) or len(u) != 2:
                 raise err(up, "must be a pair [bytes, duration_us]")
             size, dur = u
-            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-                raise err(up, f"bytes must be an integer > 0, got {size!r}")
+            size = require_int(size, where=where, field=up, name="bytes", above=0)
             d = num(dur, up)
             assert d is not None
             units.append((size, d))
@@ -232,29 +229,15 @@ class TraceSpans:
 
 
 def trace_spans(trace: Trace) -> TraceSpans:
-    """Ideal-compute spans of a trace: each op starts when its deps finish (no comm waits)."""
-    ops = trace.op_map()
-    sorter = graphlib.TopologicalSorter({op.name: op.deps for op in trace.ops})
-    start: dict[str, float] = {}
-    finish: dict[str, float] = {}
-    try:
-        order = list(sorter.static_order())
-    except graphlib.CycleError as exc:
-        raise InputError(f"ops have a dependency cycle: {exc.args[1]}", field="ops") from None
-    for name in order:
-        op = ops.get(name)
-        if op is None:
-            raise InputError(f"unknown op {name!r} in deps", field="ops")
-        s = max((finish[d] for d in op.deps), default=0.0)
-        start[name] = s
-        finish[name] = s + op.duration_us
-    bw = [finish[o.name] for o in trace.ops if o.phase == "backward"]
-    fw_start = [start[o.name] for o in trace.ops if o.phase == "forward"]
-    fw_finish = [finish[o.name] for o in trace.ops if o.phase == "forward"]
+    """Ideal-compute spans of a trace: each op starts when its deps finish (no comm waits);
+    the compute-only schedule of ``pace.analysis``."""
+    an = analyze(trace)
+    bw = [an.ef_us[i] for i, o in enumerate(trace.ops) if o.phase == "backward"]
+    fw = [i for i, o in enumerate(trace.ops) if o.phase == "forward"]
     return TraceSpans(
         backward_us=max(bw, default=0.0),
-        forward_us=(max(fw_finish) - min(fw_start)) if fw_start else 0.0,
-        ready_us={t.name: finish[t.producer] for t in trace.tensors},
+        forward_us=(max(an.ef_us[i] for i in fw) - min(an.es_us[i] for i in fw)) if fw else 0.0,
+        ready_us=dict(zip(an.tensor_names, an.release_us, strict=True)),
     )
 
 
@@ -279,11 +262,13 @@ class EstimateOptions:
 
     def __post_init__(self) -> None:
         if self.window < 1:
-            raise ValueError(f"window must be >= 1, got {self.window!r}")
+            raise InputError(f"must be >= 1, got {self.window!r}", field="window")
         if not (0.0 < self.ewma_weight <= 1.0):
-            raise ValueError(f"ewma_weight must be in (0, 1], got {self.ewma_weight!r}")
+            raise InputError(f"must be in (0, 1], got {self.ewma_weight!r}", field="ewma_weight")
         if self.min_unit_samples < 1:
-            raise ValueError(f"min_unit_samples must be >= 1, got {self.min_unit_samples!r}")
+            raise InputError(
+                f"must be >= 1, got {self.min_unit_samples!r}", field="min_unit_samples"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

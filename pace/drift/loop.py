@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pace.checks import require_int
 from pace.drift.estimate import EstimateOptions
 from pace.drift.monitor import Monitor
 from pace.drift.replan import (
@@ -38,7 +39,6 @@ from pace.drift.replan import (
     predict_schedule,
 )
 from pace.drift.trigger import TriggerOptions
-from pace.errors import InputError
 from pace.ir import Schedule, Trace
 
 __all__ = ["DriftLoop", "DriftOptions", "schedule_trace"]
@@ -66,9 +66,7 @@ class DriftOptions:
 
     def __post_init__(self) -> None:
         for name in ("sync_every", "lag", "window"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InputError(f"must be an integer >= 1, got {v!r}", where=f"drift.{name}")
+            require_int(getattr(self, name), where=f"drift.{name}", minimum=1)
 
 
 def schedule_trace(trace: Trace, schedule: Schedule) -> Trace:

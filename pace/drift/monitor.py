@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 
 from pace.drift.estimate import IterationStats, ObservedStats
+from pace.errors import InputError
 
 __all__ = ["Monitor"]
 
@@ -68,11 +69,11 @@ class Monitor:
         self, tensor_names: Sequence[str], *, capacity: int = 64, trace_digest: str = ""
     ) -> None:
         if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity!r}")
+            raise InputError(f"must be >= 1, got {capacity!r}", field="capacity")
         self._names = tuple(tensor_names)
         self._index = {n: i for i, n in enumerate(self._names)}
         if len(self._index) != len(self._names):
-            raise ValueError("tensor_names must be unique")
+            raise InputError("must be unique", field="tensor_names")
         # One slot more than the capacity: the open iteration's slot is not a completed one.
         slots = capacity + 1
         self._cap = slots

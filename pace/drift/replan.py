@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from pace.checks import require_int
 from pace.drift.estimate import (
     EstimateOptions,
     ObservedStats,
@@ -39,6 +40,7 @@ from pace.drift.trigger import DriftTrigger, TriggerOptions
 from pace.errors import InputError, PaceError
 from pace.ir import Schedule, ScheduleMode, Trace
 from pace.jitter import JitterModel
+from pace.options import DriftEventKind
 
 __all__ = [
     "SWITCH_FORMAT",
@@ -223,7 +225,7 @@ class DriftEvent:
     """One thing the controller did, for logs, reports and tests."""
 
     iteration: int
-    kind: str
+    kind: DriftEventKind
     """``fired``, ``switched``, ``kept`` (gain too small), ``failed`` (compile raised)."""
     current_us: float = 0.0
     candidate_us: float = 0.0
@@ -364,9 +366,7 @@ def decode_switch(payload: bytes) -> tuple[int, Schedule]:
         raise InputError(f"not JSON: {exc}", where=where) from None
     if not isinstance(msg, dict) or msg.get("format") != SWITCH_FORMAT or msg.get("version") != 1:
         raise InputError(f"expected {SWITCH_FORMAT} version 1", where=where, field="format")
-    switch_at = msg.get("switch_at")
-    if isinstance(switch_at, bool) or not isinstance(switch_at, int):
-        raise InputError("must be an integer", where=where, field="switch_at")
+    switch_at = require_int(msg.get("switch_at"), where=where, field="switch_at")
     return switch_at, schedule_from_dict(msg.get("schedule"), where=where)
 
 
@@ -390,9 +390,9 @@ class SwitchProtocol:
         root: int = 0,
     ) -> None:
         if sync_every < 1:
-            raise ValueError(f"sync_every must be >= 1, got {sync_every!r}")
+            raise InputError(f"must be >= 1, got {sync_every!r}", field="sync_every")
         if lag < 1:
-            raise ValueError(f"lag must be >= 1, got {lag!r}")
+            raise InputError(f"must be >= 1, got {lag!r}", field="lag")
         self.rank = rank
         self.root = root
         self._broadcast = broadcast_bytes
@@ -407,7 +407,10 @@ class SwitchProtocol:
     def propose(self, schedule: Schedule) -> None:
         """Queue ``schedule`` for the next sync point (root only; a newer proposal replaces it)."""
         if self.rank != self.root:
-            raise ValueError(f"only rank {self.root} proposes schedules (this is rank {self.rank})")
+            raise InputError(
+                f"only rank {self.root} proposes schedules (this is rank {self.rank})",
+                field="rank",
+            )
         with self._lock:
             self._proposal = schedule
 

@@ -22,6 +22,9 @@ import enum
 import math
 from dataclasses import dataclass
 
+from pace.checks import require_number
+from pace.errors import InputError
+
 __all__ = ["DriftTrigger", "TriggerOptions", "TriggerState"]
 
 
@@ -39,18 +42,14 @@ class TriggerOptions:
     """Iterations after a resolution during which deviations are not counted."""
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.deviation_threshold) and self.deviation_threshold > 0):
-            raise ValueError(
-                f"deviation_threshold must be a positive number, got {self.deviation_threshold!r}"
-            )
-        if not (math.isfinite(self.gain_threshold) and self.gain_threshold >= 0):
-            raise ValueError(
-                f"gain_threshold must be a non-negative number, got {self.gain_threshold!r}"
-            )
+        require_number(self.deviation_threshold, field="deviation_threshold", above=0)
+        require_number(self.gain_threshold, field="gain_threshold", minimum=0)
         if self.consecutive < 1:
-            raise ValueError(f"consecutive must be >= 1, got {self.consecutive!r}")
+            raise InputError(f"must be >= 1, got {self.consecutive!r}", field="consecutive")
         if self.cooldown_iterations < 0:
-            raise ValueError(f"cooldown_iterations must be >= 0, got {self.cooldown_iterations!r}")
+            raise InputError(
+                f"must be >= 0, got {self.cooldown_iterations!r}", field="cooldown_iterations"
+            )
 
 
 class TriggerState(enum.Enum):
@@ -155,5 +154,4 @@ class DriftTrigger:
 
 
 def _check_positive(name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    require_number(value, field=name, above=0)

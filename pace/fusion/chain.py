@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from pace.errors import InputError
 from pace.ir import FusionPlan, Trace
 
 if TYPE_CHECKING:
@@ -162,7 +163,7 @@ class ChainOracle:
     def _price(self, starts: IntArray) -> Score:
         if self.plan_oracle is not None:
             if self.trace is None:
-                raise ValueError("a plan oracle needs the trace")
+                raise InputError("a plan oracle needs the trace", field="trace")
             plan = self.chain.plan(starts, method="candidate", details={})
             return float(self.plan_oracle(self.trace, plan)), 0.0
         sol, finish, _ = self._solve(starts)
@@ -214,5 +215,7 @@ def singletons(n: int) -> IntArray:
 def validate_starts(starts: Sequence[int] | IntArray, n: int) -> IntArray:
     arr = np.asarray(starts, dtype=np.int64)
     if arr.ndim != 1 or arr.size == 0 or arr[0] != 0 or arr[-1] >= n or np.any(np.diff(arr) <= 0):
-        raise ValueError("starts must begin at 0 and increase strictly below the chain length")
+        raise InputError(
+            "must begin at 0 and increase strictly below the chain length", field="starts"
+        )
     return arr

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from pace.errors import InputError
+
 IntArray = npt.NDArray[np.int64]
 
 # Below this many groups the scalar greedy scan (R bisect calls on a Python list) is cheaper than
@@ -52,15 +54,15 @@ _SCALAR_SCAN_MAX_GROUPS = 256
 def _as_sizes(sizes: Sequence[int] | IntArray) -> IntArray:
     arr = np.asarray(sizes, dtype=np.int64)
     if arr.ndim != 1 or arr.size == 0:
-        raise ValueError("sizes must be a non-empty 1-D sequence")
+        raise InputError("must be a non-empty 1-D sequence", field="sizes")
     if np.any(arr <= 0):
-        raise ValueError("sizes must be positive")
+        raise InputError("must be positive", field="sizes")
     return arr
 
 
 def _check_groups(n: int, n_groups: int) -> None:
     if not 1 <= n_groups <= n:
-        raise ValueError(f"n_groups must be in [1, {n}], got {n_groups}")
+        raise InputError(f"must be in [1, {n}], got {n_groups}", field="n_groups")
 
 
 def group_sums(sizes: Sequence[int] | IntArray, starts: Sequence[int] | IntArray) -> IntArray:
@@ -89,7 +91,9 @@ class MaxMinTable:
         """Group starts of the paper's optimal partition of the whole chain into ``n_groups``."""
         n = self.value.shape[1]
         if not 1 <= n_groups <= min(n, self.max_groups):
-            raise ValueError(f"n_groups must be in [1, {min(n, self.max_groups)}]")
+            raise InputError(
+                f"must be in [1, {min(n, self.max_groups)}], got {n_groups}", field="n_groups"
+            )
         starts = np.empty(n_groups, dtype=np.int64)
         i = 0
         for r in range(n_groups, 0, -1):

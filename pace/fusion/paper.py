@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
+from pace.errors import InputError
 from pace.fusion.chain import Chain, IntArray
 from pace.fusion.maxmin import MaxMinTable, max_min_bisect, max_min_table
+from pace.options import MAXMIN_ALGORITHMS, MaxMinAlgorithm
 
 # Chains up to this length are partitioned with the paper's own DP table (its tie-breaking);
 # longer chains with the bisection, which attains the same max-min value in O(N log N log S).
@@ -36,18 +39,20 @@ class RSweep:
     best_starts: IntArray
     best_cost_us: float
     costs_us: dict[int, float] = field(default_factory=dict)
-    maxmin: str = "dp"
+    maxmin: MaxMinAlgorithm = "dp"
 
 
 class _Partitioner:
     """MaxMinSize partitions of one chain, for any R, by the chosen algorithm."""
 
     def __init__(self, chain: Chain, maxmin: str) -> None:
-        if maxmin not in {"auto", "dp", "bisect"}:
-            raise ValueError(f"maxmin must be 'auto', 'dp' or 'bisect', got {maxmin!r}")
+        if maxmin not in MAXMIN_ALGORITHMS:
+            raise InputError(
+                f"must be one of {', '.join(MAXMIN_ALGORITHMS)}, got {maxmin!r}", field="maxmin"
+            )
         if maxmin == "auto":
             maxmin = "dp" if chain.n <= DP_MAX_TENSORS else "bisect"
-        self.kind = maxmin
+        self.kind = cast(MaxMinAlgorithm, maxmin)
         self.sizes = chain.size_bytes
         self._table: MaxMinTable | None = None
         self._values: dict[int, int] = {}

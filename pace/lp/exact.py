@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy.typing as npt
 
+from pace.errors import InputError
+
 Piece = tuple[int, float, float]
 """``(job, start_us, end_us)``: one uninterrupted stretch of one job on the channel."""
 
@@ -77,10 +79,10 @@ def solve_exact(
     q = [float(x) for x in tail_us]
     n = len(r)
     if len(p) != n or len(q) != n:
-        raise ValueError("release_us, duration_us and tail_us must have the same length")
+        raise InputError("release_us, duration_us and tail_us must have the same length")
     g = [0.0] * n if grace_us is None else [float(x) for x in grace_us]
     if len(g) != n:
-        raise ValueError("grace_us must have one value per job")
+        raise InputError("must have one value per job", field="grace_us")
     order = sorted(range(n), key=r.__getitem__)
     remaining = p[:]
     completion = [math.nan] * n

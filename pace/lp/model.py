@@ -33,18 +33,20 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from pace.errors import InfeasibleError, SolverMissingError, SolverTimeoutError
+from pace.errors import InfeasibleError, InputError, SolverMissingError, SolverTimeoutError
 from pace.lp.exact import solve_exact
 from pace.lp.reduction import Reduction
+from pace.options import LP_BACKENDS, LpBackend
 
 IntArray = npt.NDArray[np.int64]
-Backend = Literal["highs", "cbc", "scipy"]
-BACKENDS: tuple[str, ...] = ("highs", "cbc", "scipy")
+# The option set is pace.options.LpBackend; these names are kept for pace.lp's callers.
+Backend = LpBackend
+BACKENDS: tuple[LpBackend, ...] = LP_BACKENDS
 
 DEFAULT_MAX_SLOTS = 1000
 """Default cap on the slotted horizon; the LP has up to (jobs × slots) variables."""
@@ -118,7 +120,7 @@ def slot_instance(red: Reduction, *, slot_us: float) -> SlotInstance:
     one, and at most ``(N + 3) * slot_us`` above it (docs/scheduling.md).
     """
     if not (slot_us > 0 and math.isfinite(slot_us)):
-        raise ValueError(f"slot_us must be a positive number, got {slot_us!r}")
+        raise InputError(f"must be a positive number, got {slot_us!r}", field="slot_us")
     duration = np.maximum(_ceil_slots(red.duration_us, slot_us), 1)
     return SlotInstance(
         slot_us=slot_us,
@@ -374,8 +376,7 @@ def _expand(inst: SlotInstance, b: _Built, x: npt.NDArray[np.float64]) -> _Solve
 def _solve_at(
     inst: SlotInstance, deadline_slots: int, backend: str, time_limit_s: float
 ) -> _Solved:
-    if backend not in BACKENDS:
-        raise ValueError(f"lp backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    _check_backend(backend)
     if deadline_slots < inst.compute:
         raise InfeasibleError(
             f"horizon {deadline_slots} slots is shorter than the computation ({inst.compute})"
@@ -390,6 +391,13 @@ def _solve_at(
     if x is None:
         raise InfeasibleError(f"no schedule fits a horizon of {deadline_slots} slots")
     return _expand(inst, built, x)
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise InputError(
+            f"lp backend must be one of {', '.join(BACKENDS)}, got {backend!r}", field="backend"
+        )
 
 
 def solve_deadline(
@@ -420,8 +428,7 @@ def solve_lp(
     bound. With a hint (e.g. the exact solver's optimum in slots) two solves usually certify it.
     ``time_limit_s`` bounds the whole search: ``SolverTimeoutError`` when exceeded.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"lp backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    _check_backend(backend)
     t0 = time.perf_counter()
     history: list[tuple[int, bool]] = []
     found: dict[int, _Solved] = {}
