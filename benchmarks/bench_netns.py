@@ -301,6 +301,40 @@ def worker_comm(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps(samples))
 
 
+def worker_interference(args: argparse.Namespace) -> None:
+    """Compute lost to all-reduces beside it, every rank at once (pace.profiler.interference);
+    each rank writes its own measurement to ``--out.RANK``."""
+    import torch
+
+    from pace.profiler.interference import measure_interference, probe_us
+
+    torch.set_num_threads(1)
+    plain_us = probe_us()  # before the backend (and Horovod's background loop) starts
+    rank, _ = _init_backend(args.backend)
+    if args.backend == "horovod":
+        import horovod.torch as hvd
+
+        def allreduce(buf: Any) -> None:
+            hvd.allreduce_(buf, op=hvd.Sum, name=f"interference.{buf.numel()}")
+    else:
+        import torch.distributed as dist
+
+        def allreduce(buf: Any) -> None:
+            dist.all_reduce(buf)
+
+    sizes = [int(x) for x in args.sizes.split(",")]
+    calls = [int(x) for x in args.calls.split(",")]
+    idle_us, samples = measure_interference(
+        allreduce, sizes_bytes=sizes, calls=calls, plain_us=plain_us
+    )
+    out = {
+        "plain_us": plain_us,
+        "idle_us": idle_us,
+        "samples": [dataclasses.asdict(x) for x in samples],
+    }
+    Path(f"{args.out}.{rank}").write_text(json.dumps(out))
+
+
 def worker_train(args: argparse.Namespace) -> None:
     """Train every variant from the same weights, alternating blocks; rank 0 writes periods."""
     import warnings
@@ -379,8 +413,8 @@ class Row:
     variant: str
     measured_ms: float
     spread_ms: float  # interquartile range of the per-iteration periods
-    predicted_ms: float | None
-    adjusted_ms: float | None  # predicted with compute as slow as the run's no-comm variant
+    predicted_ms: float | None  # with the measured interference term
+    independent_ms: float | None  # without it: compute and communication independent
 
 
 def profile_trace(batch: int, out: Path) -> Any:
@@ -418,6 +452,51 @@ def fit_link(link: Link, backend: str, trace: Any, tmp: Path, reps: int) -> Any:
     return fit_absolute(samples)
 
 
+INTERFERENCE_SIZES = (256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
+INTERFERENCE_WINDOW_US = 800_000.0  # back-to-back calls of one size last about this long
+
+
+def fit_link_interference(
+    link: Link, backend: str, comm: Any, tmp: Path, *, env: dict[str, str] | None, tag: str
+) -> Any:
+    """The link's interference term (``pace.ir.Interference``), measured in a launch with
+    ``env`` (Horovod's settings change its background loop), averaged over both ranks."""
+    from pace.profiler.interference import InterferenceSample, fit_interference
+
+    calls = [
+        max(3, round(INTERFERENCE_WINDOW_US / comm.cost_us(size))) for size in INTERFERENCE_SIZES
+    ]
+    out = tmp / f"interference-{backend}-{tag}.json"
+    argv = ["--role", "interference", "--backend", backend, "--out", str(out)]
+    argv += ["--sizes", ",".join(map(str, INTERFERENCE_SIZES))]
+    argv += ["--calls", ",".join(map(str, calls))]
+    launch(link, backend, argv, env)
+    ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1)]
+    plain = statistics.fmean(r["plain_us"] for r in ranks)
+    idle = statistics.fmean(r["idle_us"] for r in ranks)
+    samples = [
+        InterferenceSample(
+            size_bytes=int(a["size_bytes"]),
+            call_us=statistics.fmean([a["call_us"], b["call_us"]]),
+            loss=statistics.fmean([a["loss"], b["loss"]]),
+            probes=int(a["probes"]) + int(b["probes"]),
+            alone_us=statistics.fmean([a["alone_us"], b["alone_us"]]),
+        )
+        for a, b in zip(ranks[0]["samples"], ranks[1]["samples"], strict=True)
+    ]
+    term, r2 = fit_interference(plain, idle, samples)
+    _say(
+        f"    interference ({tag}): probe {plain:.0f} us plain, {idle:.0f} us idle "
+        f"(idle loss {term.idle_loss:.3f}); loss while all-reducing "
+        + ", ".join(f"{x.size_bytes // 1024} KiB: {x.loss:.3f}" for x in samples)
+        + f"; fit {term.us_per_call:.1f} us/call + {term.us_per_byte * 2**20:.0f} us/MiB,"
+        f" R^2 {r2:.3f}; calls beside compute take "
+        + ", ".join(f"{x.call_us / x.alone_us:.2f}x" for x in samples if x.alone_us)
+        + f" (stretch {term.comm_stretch:.3f})"
+    )
+    return term
+
+
 def fit_absolute(samples: Sequence[tuple[int, float]]) -> Any:
     """``alpha + beta * bytes`` by plain (absolute) non-negative least squares.
 
@@ -444,23 +523,36 @@ def fit_absolute(samples: Sequence[tuple[int, float]]) -> Any:
 
 
 def predictions_ms(
-    trace: Any, schedule: Any, sync_schedule: Any, backend: str, *, compute_scale: float = 1.0
+    trace: Any,
+    schedule: Any,
+    sync_schedule: Any,
+    backend: str,
+    *,
+    terms: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """The simulator's replay of each variant, plus the optimizer step the profiler measured.
 
-    ``compute_scale`` stretches every op and the optimizer step by that factor first (the
-    schedule stays the one compiled from the profile).
+    ``terms``: the interference term each variant runs with (``"*"`` for the rest); none: the
+    model without it (compute and communication independent).
     """
     from pace.analysis import analyze
-    from pace.compiler import apply_what_if, sync_trace
+    from pace.compiler import sync_trace
     from pace.runtime import ONLINE_CREDIT_BYTES, RuntimeOptions
     from pace.sim import SimOptions, schedule_policy, simulate
     from pace.sim.policies import bytescheduler
 
+    terms = terms or {}
+
+    def on(variant: str) -> Any:
+        term = terms.get(variant, terms.get("*"))
+        return dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, interference=term))
+
+    def slow(variant: str) -> float:
+        term = terms.get(variant, terms.get("*"))
+        return 1.0 / (1.0 - term.idle_loss) if term is not None else 1.0
+
     opts = RuntimeOptions()
-    step_us = float(trace.meta.get("optimizer_us", 0.0)) * compute_scale
-    if compute_scale != 1.0:
-        trace = apply_what_if(trace, compute_speedup=1.0 / compute_scale)
+    step_us = float(trace.meta.get("optimizer_us", 0.0))
     # The online mode's 16 MiB credit lets 4 pieces of 4 MiB be in flight. Horovod runs its
     # collectives one at a time on its background thread: one on the wire, in issue order.
     # A torch gloo process group runs them on its 2 worker threads: up to 2 share the link.
@@ -468,19 +560,22 @@ def predictions_ms(
     sharing = SimOptions(credit=1 if backend == "horovod" else 2)
     pred = {
         # The runtime replays a schedule one unit at a time: the contract's own semantics.
-        "pace": simulate(trace, schedule_policy(schedule)).iteration_us,
-        "pace-sync": simulate(sync_trace(trace), schedule_policy(sync_schedule)).iteration_us,
-        "online": simulate(trace, online, options=sharing).iteration_us,
-        "local": analyze(trace).critical_path_us,
+        "pace": simulate(on("pace"), schedule_policy(schedule)).iteration_us,
+        "pace-sync": simulate(
+            sync_trace(on("pace-sync")), schedule_policy(sync_schedule)
+        ).iteration_us,
+        "online": simulate(on("online"), online, options=sharing).iteration_us,
+        # No communication at all: only a backend's idle loss slows compute.
+        "local": analyze(trace).critical_path_us * slow("local"),
     }
     if backend == "horovod":
-        pred["vanilla"] = simulate(trace, "horovod").iteration_us
+        pred["vanilla"] = simulate(on("vanilla"), "horovod").iteration_us
         pred["vanilla-nofusion"] = simulate(
-            trace, "fifo", options=SimOptions(barrier=True)
+            on("vanilla-nofusion"), "fifo", options=SimOptions(barrier=True)
         ).iteration_us
     else:
-        pred["vanilla"] = simulate(trace, "ddp").iteration_us
-    return {k: (v + step_us) / 1e3 for k, v in pred.items()}
+        pred["vanilla"] = simulate(on("vanilla"), "ddp").iteration_us
+    return {k: (v + step_us * slow(k)) / 1e3 for k, v in pred.items()}
 
 
 def measure(args: argparse.Namespace) -> list[Row]:
@@ -507,25 +602,47 @@ def measure(args: argparse.Namespace) -> list[Row]:
                         f"[{rate} {backend}] alpha {comm.alpha_us:.0f} us, "
                         f"{8e-3 / comm.beta_us_per_byte:.3f} Gbit/s effective; compiling ..."
                     )
+                    terms = {
+                        "*": fit_link_interference(
+                            link,
+                            backend,
+                            comm,
+                            tmp,
+                            env=PACE_HOROVOD_ENV if backend == "horovod" else None,
+                            tag="pace",
+                        )
+                    }
+                    if backend == "horovod":  # vanilla Horovod runs with its own settings
+                        terms["vanilla"] = fit_link_interference(
+                            link, backend, comm, tmp, env=None, tag="vanilla"
+                        )
                     trace = dataclasses.replace(base, comm=comm)
-                    result = compile_trace(trace)
+                    # The compiler sees the link as it is, interference included.
+                    result = compile_trace(
+                        dataclasses.replace(
+                            trace, comm=dataclasses.replace(comm, interference=terms["*"])
+                        )
+                    )
                     sched_path = tmp / f"{rate}-{backend}.schedule.json"
                     save_schedule(result.schedule, sched_path)
-                    sync = compile_trace(trace, mode="sync", baselines=False).schedule
+                    sync = compile_trace(
+                        dataclasses.replace(
+                            trace, comm=dataclasses.replace(comm, interference=terms["*"])
+                        ),
+                        mode="sync",
+                        baselines=False,
+                    ).schedule
                     save_schedule(sync, tmp / f"{rate}-{backend}.sync.schedule.json")
                     if args.keep:  # the trace with the link's fit, and its schedule, to inspect
                         keep = Path(args.keep)
                         keep.mkdir(parents=True, exist_ok=True)
                         save_trace(trace, keep / f"{rate}-{backend}.trace.json.gz")
                         shutil.copy(sched_path, keep / sched_path.name)
-                    pred = predictions_ms(trace, result.schedule, sync, backend)
+                    pred = predictions_ms(trace, result.schedule, sync, backend, terms=terms)
+                    independent = predictions_ms(trace, result.schedule, sync, backend)
                     measured = _train(link, backend, sched_path, tmp, args)
-                    # Two ranks, their comm threads and Horovod's background loop share 2 cores:
-                    # compute runs slower than in the profile. The `local` variant measures by
-                    # how much; the adjusted prediction replays with compute stretched by that.
-                    scale = statistics.median(measured["local"]) * 1e3 / pred["local"]
-                    adj = predictions_ms(trace, result.schedule, sync, backend, compute_scale=scale)
-                    _say(f"    compute in the run / in the profile: {scale:.3f}")
+                    ratio = statistics.median(measured["local"]) * 1e3 / independent["local"]
+                    _say(f"    compute in the run / in the profile: {ratio:.3f}")
                     for variant, periods in measured.items():
                         q = statistics.quantiles(periods, n=4) if len(periods) > 1 else [0, 0, 0]
                         rows.append(
@@ -536,7 +653,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                                 measured_ms=statistics.median(periods) * 1e3,
                                 spread_ms=(q[2] - q[0]) * 1e3,
                                 predicted_ms=pred.get(variant),
-                                adjusted_ms=adj.get(variant) if variant != "local" else None,
+                                independent_ms=independent.get(variant),
                             )
                         )
                     _print_rows([r for r in rows if r.rate == rate and r.backend == backend])
@@ -582,7 +699,7 @@ def _ms(x: float | None) -> str:
 def _print_rows(rows: Sequence[Row], *, markdown: bool = False) -> None:
     base = {(r.rate, r.backend): r for r in rows if r.variant == "vanilla"}
     head = ["rate", "backend", "variant", "measured ms", "IQR ms", "speed-up"]
-    head += ["predicted ms", "error", "pred. speed-up", "adjusted ms", "error"]
+    head += ["predicted ms", "error", "pred. speed-up", "independent ms", "error"]
     lines = []
     for r in rows:
         v = base.get((r.rate, r.backend))
@@ -593,7 +710,7 @@ def _print_rows(rows: Sequence[Row], *, markdown: bool = False) -> None:
                 pspeed = f"{v.predicted_ms / r.predicted_ms:.3f}x"
         cells = [r.rate, r.backend, r.variant, _ms(r.measured_ms), _ms(r.spread_ms), speed]
         cells += [_ms(r.predicted_ms), _pct(r.predicted_ms, r.measured_ms), pspeed]
-        cells += [_ms(r.adjusted_ms), _pct(r.adjusted_ms, r.measured_ms)]
+        cells += [_ms(r.independent_ms), _pct(r.independent_ms, r.measured_ms)]
         lines.append(cells)
     if markdown:
         print("| " + " | ".join(head) + " |")
@@ -615,6 +732,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", help=argparse.SUPPRESS)
     ap.add_argument("--variants", help=argparse.SUPPRESS)
+    ap.add_argument("--calls", help=argparse.SUPPRESS)
     ap.add_argument("--schedule", help=argparse.SUPPRESS)
     ap.add_argument("--sync-schedule", help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="horovod", help=argparse.SUPPRESS)
@@ -641,6 +759,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.role == "train":
         worker_train(args)
+        return 0
+    if args.role == "interference":
+        worker_interference(args)
         return 0
     if rest:
         ap.error(f"unrecognised arguments: {' '.join(rest)}")

@@ -16,9 +16,7 @@ from dataclasses import dataclass, field
 
 from pace.errors import InputError, SolverError
 from pace.ir import SCHEDULE_MODES, FusionPlan, Schedule, ScheduleMode, Trace
-
-FUSION_METHODS: tuple[str, ...] = ("search", "paper", "none")
-SOLVERS: tuple[str, ...] = ("exact", "lp")
+from pace.options import FUSION_METHODS, SOLVERS, FusionMethod, Solver
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,8 +137,8 @@ def sync_trace(trace: Trace) -> Trace:
 def _fuse_and_schedule(
     compiled: Trace,
     *,
-    fusion: str,
-    solver: str,
+    fusion: FusionMethod,
+    solver: Solver,
     robust: bool,
     tol: float,
     stages: dict[str, float],
@@ -151,7 +149,7 @@ def _fuse_and_schedule(
     from pace.fusion import fuse
     from pace.lp import schedule as lp_schedule
 
-    def schedule(plan: FusionPlan, *, solver: str) -> Schedule:
+    def schedule(plan: FusionPlan, *, solver: Solver) -> Schedule:
         return lp_schedule(
             compiled, plan, solver=solver, robust=robust, robust_tolerance=tol
         ).schedule
@@ -205,8 +203,8 @@ def best_lower_bound_us(trace: Trace) -> tuple[float, str]:
 def compile_trace(
     trace: Trace,
     *,
-    fusion: str = "search",
-    solver: str = "exact",
+    fusion: FusionMethod = "search",
+    solver: Solver = "exact",
     bandwidth_gbps: float | None = None,
     workers: int | None = None,
     compute_speedup: float | None = None,

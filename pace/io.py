@@ -65,7 +65,17 @@ from pace.bounds import (
 from pace.checks import is_int, is_number
 from pace.digest import DIGEST_PREFIX, trace_digest
 from pace.errors import InputError
-from pace.ir import CommModel, Op, Schedule, Slice, Tensor, Trace, Unit
+from pace.ir import (
+    MAX_COMPUTE_LOSS,
+    CommModel,
+    Interference,
+    Op,
+    Schedule,
+    Slice,
+    Tensor,
+    Trace,
+    Unit,
+)
 from pace.options import PHASES, SCHEDULE_MODES
 
 # The public names; the bounds (pace.bounds) and the digest (pace.digest) are re-exported:
@@ -702,7 +712,61 @@ def _comm_from(r: _Reader, v: Any, path: str, *, with_samples: bool = True) -> C
         ),
         algorithm=algorithm,
         samples=samples,
+        interference=(
+            _interference_from(r, o["interference"], f"{path}.interference")
+            if "interference" in o
+            else None
+        ),
     )
+
+
+INTERFERENCE_VERSIONS = (1,)
+_FRACTION = _Range(MAX_COMPUTE_LOSS, "the largest compute loss the model allows")
+_STRETCH = _Range(1e3, "communication a thousand times slower beside compute")
+
+
+def _interference_from(r: _Reader, v: Any, path: str) -> Interference:
+    """``comm.interference`` (optional, versioned; docs/trace-format.md)."""
+    o = r.obj(v, path)
+    version = r.int_(r.req(o, "version", path), f"{path}.version", minimum=1)
+    if version not in INTERFERENCE_VERSIONS:
+        raise r.err(f"{path}.version", f"version {version} is not supported (known: 1)")
+    samples = []
+    if "samples" in o:
+        field = f"{path}.samples"
+        for i, pt in enumerate(r.count(r.list_(o["samples"], field), field)):
+            if not isinstance(pt, list) or len(pt) != 2:
+                raise r.err(f"{field}[{i}]", f"must be a [bytes, loss] pair, got {_show(pt)}")
+            samples.append(
+                (
+                    r.bytes_(pt[0], f"{field}[{i}][0]", minimum=0),
+                    r.num(pt[1], f"{field}[{i}][1]", bound=_Range(1.0, "all of it")),
+                )
+            )
+
+    def num(key: str, bound: _Range) -> float:
+        return r.num(o[key], f"{path}.{key}", bound=bound) if key in o else 0.0
+
+    return Interference(
+        us_per_byte=num("us_per_byte", _BETA),
+        us_per_call=num("us_per_call", _US),
+        idle_loss=num("idle_loss", _FRACTION),
+        comm_stretch=num("comm_stretch", _STRETCH),
+        samples=tuple(samples),
+    )
+
+
+def _interference_to(term: Interference) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "version": INTERFERENCE_VERSIONS[-1],
+        "us_per_byte": _num_out(term.us_per_byte),
+        "us_per_call": _num_out(term.us_per_call),
+        "idle_loss": _num_out(term.idle_loss),
+        "comm_stretch": _num_out(term.comm_stretch),
+    }
+    if term.samples:
+        out["samples"] = [[int(b), _num_out(x)] for b, x in term.samples]
+    return out
 
 
 def trace_from_dict(obj: Any, *, where: str = "") -> Trace:
@@ -735,6 +799,8 @@ def _comm_to(comm: CommModel, *, with_samples: bool = True) -> dict[str, Any]:
     }
     if with_samples and comm.samples:
         out["samples"] = [[int(b), _num_out(us)] for b, us in comm.samples]
+    if comm.interference is not None:
+        out["interference"] = _interference_to(comm.interference)
     return out
 
 

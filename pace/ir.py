@@ -12,7 +12,7 @@ by ``pace.io`` only. Stages, import rules and contracts: docs/design.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,25 +78,34 @@ class Interference:
     concurrent computation loses ``us_per_call + us_per_byte * b`` us of progress, spread evenly
     over ``d`` (so it runs at ``1 - loss / d`` of its speed, never below ``1 -
     MAX_COMPUTE_LOSS``). ``idle_loss`` is the fraction lost with no call in flight (a backend's
-    background loop polling). ``samples`` are the measured ``(bytes per call, loss fraction)``
-    points the fit came from.
+    background loop polling). The other way round, a call progresses at ``1 / (1 +
+    comm_stretch)`` of its speed while any op computes (the cores that move the bytes are busy).
+    ``samples`` are the measured ``(bytes per call, loss fraction)`` points the fit came from.
     """
 
     us_per_byte: float = 0.0
     us_per_call: float = 0.0
     idle_loss: float = 0.0
+    comm_stretch: float = 0.0
     samples: tuple[tuple[int, float], ...] = ()
 
-    def busy_loss(self, size_bytes: float, duration_us: float) -> float:
-        """Fraction of compute progress lost while a call of ``size_bytes`` is in flight."""
-        if duration_us <= 0:
-            return self.idle_loss
-        loss = self.idle_loss + (self.us_per_call + self.us_per_byte * size_bytes) / duration_us
+    def compute_loss(self, calls: Iterable[tuple[float, float]] = ()) -> float:
+        """Fraction of compute progress lost while ``calls``, ``(bytes, us it takes)`` each, are
+        in flight (none: idle)."""
+        loss = self.idle_loss
+        for size_bytes, duration_us in calls:
+            if duration_us > 0:
+                loss += (self.us_per_call + self.us_per_byte * size_bytes) / duration_us
         return min(MAX_COMPUTE_LOSS, max(0.0, loss))
 
     @property
     def active(self) -> bool:
-        return self.us_per_byte > 0 or self.us_per_call > 0 or self.idle_loss > 0
+        return (
+            self.us_per_byte > 0
+            or self.us_per_call > 0
+            or self.idle_loss > 0
+            or self.comm_stretch > 0
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

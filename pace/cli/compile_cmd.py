@@ -13,7 +13,7 @@ from typing import Any
 
 from pace.cli._options import OutputPath, add_what_if_options, float_in
 from pace.cli._output import print_json, print_table, warn
-from pace.options import FUSION_METHODS, SCHEDULE_MODES, SOLVERS
+from pace.options import FUSION_METHODS, SCHEDULE_MODES, SOLVERS, FusionMethod
 
 # Groups listed one per row in the human-readable plan; longer plans are summarised.
 _MAX_GROUP_ROWS = 40
@@ -76,14 +76,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=run)
 
 
-def _fusion_method(args: argparse.Namespace) -> str:
+def _fusion_method(args: argparse.Namespace) -> FusionMethod:
     from pace.errors import InputError
 
     if args.no_fusion:
         if args.fusion not in (None, "none"):
             raise InputError(f"conflicts with --fusion {args.fusion}", where="--no-fusion")
         return "none"
-    return str(args.fusion or "search")
+    method: FusionMethod = args.fusion or "search"  # argparse held it to FUSION_METHODS
+    return method
 
 
 def run(args: argparse.Namespace) -> int:

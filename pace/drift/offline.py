@@ -21,6 +21,7 @@ from pace.drift.estimate import (
 from pace.drift.trigger import TriggerOptions
 from pace.errors import ScheduleMismatchError
 from pace.ir import Schedule, Trace
+from pace.options import FusionMethod, Solver
 
 __all__ = ["RecompileResult", "recompile"]
 
@@ -47,8 +48,8 @@ def recompile(
     stats: ObservedStats,
     *,
     current: Schedule | None = None,
-    fusion: str = "search",
-    solver: str = "exact",
+    fusion: FusionMethod = "search",
+    solver: Solver = "exact",
     estimate_options: EstimateOptions | None = None,
     trigger_options: TriggerOptions | None = None,
 ) -> RecompileResult:

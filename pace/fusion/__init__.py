@@ -24,19 +24,20 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from pace.errors import InputError
 from pace.fusion.chain import Chain, ChainOracle, PlanOracle, build_chain
 from pace.fusion.maxmin import max_min_bisect, max_min_dp, max_min_table
 from pace.fusion.paper import FULL_ENUMERATION_MAX, RSweep, sweep_r
 from pace.fusion.search import SearchResult, search_fusion
 from pace.ir import FusionPlan, Trace
+from pace.options import FUSION_METHODS as METHODS
+from pace.options import FusionMethod as Method
+from pace.options import MaxMinAlgorithm
 
 if TYPE_CHECKING:
     from pace.lp import ScheduleResult
-
-Method = Literal["search", "paper", "none"]
-METHODS: tuple[str, ...] = ("search", "paper", "none")
 
 __all__ = [
     "METHODS",
@@ -69,7 +70,7 @@ def plan_fusion(
     *,
     method: Method | str = "search",
     oracle: PlanOracle | None = None,
-    maxmin: str = "auto",
+    maxmin: MaxMinAlgorithm = "auto",
     full_enumeration_max: int = FULL_ENUMERATION_MAX,
     max_evaluations: int | None = None,
     verify_top: int = 3,
@@ -113,7 +114,7 @@ def fuse(
     *,
     method: Method | str = "search",
     oracle: PlanOracle | None = None,
-    maxmin: str = "auto",
+    maxmin: MaxMinAlgorithm = "auto",
     full_enumeration_max: int = FULL_ENUMERATION_MAX,
     max_evaluations: int | None = None,
     verify_top: int = 3,
@@ -122,7 +123,7 @@ def fuse(
 ) -> FusionOutcome:
     """:func:`plan_fusion`, also returning the verified schedule (saves the compiler a solve)."""
     if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+        raise InputError(f"must be one of {', '.join(METHODS)}, got {method!r}", field="method")
     if method == "none":
         return FusionOutcome(plan=FusionPlan.singletons(trace))
     if len(trace.tensors) <= 1:

@@ -30,6 +30,7 @@ from pace.lp.exact import ExactSolution, solve_exact
 from pace.lp.extract import (
     Candidate,
     grace_candidates,
+    interfering,
     overhead_aware_candidates,
     replay_us,
     retime_pieces,
@@ -58,6 +59,7 @@ from pace.lp.robust import (
     jittered_replays_us,
     select_robust,
 )
+from pace.options import SOLVERS, Solver
 
 __all__ = [
     "BACKENDS",
@@ -93,11 +95,12 @@ __all__ = [
     "units_from_pieces",
 ]
 
-SOLVERS: tuple[str, ...] = ("exact", "lp")
 
 # The simulator replays the few best candidates (by our own fast replay) to pick the winner;
 # more would only cost time: the fast replay implements the same semantics.
 _SIM_VERIFY = 3
+# Candidates replayed by the interference-aware simulator when the trace has that term.
+_INTERFERENCE_VERIFY = 8
 
 ROBUST_DEFAULT = True
 """Whether the compile pipeline (``pace.compiler.compile_trace``, ``pace compile``) picks
@@ -186,7 +189,7 @@ def best_units(
     trace: Trace,
     plan: FusionPlan | None = None,
     *,
-    solver: str = "exact",
+    solver: Solver = "exact",
     lp_backend: str = "highs",
     time_limit_s: float = 60.0,
     slot_us: float | None = None,
@@ -237,7 +240,7 @@ def schedule(
     trace: Trace,
     plan: FusionPlan | None = None,
     *,
-    solver: str = "exact",
+    solver: Solver = "exact",
     lp_backend: str = "highs",
     time_limit_s: float = 60.0,
     slot_us: float | None = None,
@@ -308,7 +311,8 @@ def schedule(
     seen: set[tuple[Unit, ...]] = set()
     singletons = all(len(job) == 1 for job in red.jobs)
     # Without fusion the fast replay is the simulator's semantics exactly: verify the best only.
-    n_verify = 1 if singletons else _SIM_VERIFY
+    # With interference the job-level scores ignore it: replay more of the best by the true one.
+    n_verify = _INTERFERENCE_VERIFY if interfering(red) else (1 if singletons else _SIM_VERIFY)
     for pos, cand in enumerate(ranked):
         if len(verified) >= n_verify:
             break

@@ -214,8 +214,20 @@ def align_to_elements(units: Sequence[Unit], timing: TensorTiming) -> tuple[Unit
 
 def replay_us(red: Reduction, units: Sequence[Unit]) -> float:
     """Iteration time of ``units`` under the replay semantics of docs/schedule-format.md: the
-    one kernel, ``pace.replay.iteration_us``."""
-    return iteration_us(red.tensors.analysis, units)
+    one kernel, ``pace.replay.iteration_us``; with the trace's interference term, the
+    simulator's event loop, where compute slows down beside communication."""
+    analysis = red.tensors.analysis
+    if interfering(red):
+        from pace.sim import simulate, units_policy
+
+        return simulate(analysis.trace, units_policy(units)).iteration_us
+    return iteration_us(analysis, units)
+
+
+def interfering(red: Reduction) -> bool:
+    """Whether the trace charges communication to concurrent compute (``comm.interference``)."""
+    term = red.tensors.analysis.trace.comm.interference
+    return term is not None and term.active
 
 
 def exact_pieces(

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from pace.analysis import TraceAnalysis
 from pace.errors import InputError
-from pace.ir import Slice, Unit
+from pace.ir import Interference, Slice, Unit
 from pace.replay import UnitArrays
 
 _INF = math.inf
@@ -119,6 +119,14 @@ class Channel(ABC):
     def records(self) -> tuple[tuple[Unit, ...], list[float], list[float]]:
         """The units replayed (file order) with their start and finish times."""
 
+    @abstractmethod
+    def compute_loss(self, now: float, interference: Interference) -> float:
+        """Fraction of compute progress lost at ``now`` (after the events at ``now``)."""
+
+    @abstractmethod
+    def set_rate(self, now: float, rate: float) -> None:
+        """From ``now`` on, calls progress at ``rate`` of their full speed."""
+
 
 class StaticChannel(Channel):
     """Fixed units; ``credit`` of them in flight share the bandwidth equally.
@@ -142,6 +150,7 @@ class StaticChannel(Channel):
         self.flight: list[int] = []
         self.remaining: list[float] = []
         self.last = 0.0
+        self.rate = 1.0
         self.start = [_INF] * n
         self.finish = [_INF] * n
 
@@ -161,21 +170,26 @@ class StaticChannel(Channel):
         if not self.flight:
             return _INF
         if len(self.flight) == 1:
-            return self.last + self.remaining[0]
-        return self.last + min(self.remaining) * len(self.flight)
+            return self.last + self.remaining[0] / self.rate
+        return self.last + min(self.remaining) * len(self.flight) / self.rate
 
     def _progress(self, now: float) -> None:
         n = len(self.flight)
         if n and now > self.last:
-            dt = (now - self.last) / n
+            dt = (now - self.last) * self.rate / n
             self.remaining = [r - dt for r in self.remaining]
         self.last = now
+
+    def set_rate(self, now: float, rate: float) -> None:
+        if rate != self.rate:
+            self._progress(now)
+            self.rate = rate
 
     def advance(self, now: float) -> list[int]:
         if not self.flight:
             return []
         if len(self.flight) == 1:
-            if now < self.last + self.remaining[0]:
+            if now < self.last + self.remaining[0] / self.rate:
                 return []
             done_units = [self.flight[0]]
             self.flight = []
@@ -223,6 +237,15 @@ class StaticChannel(Channel):
     def records(self) -> tuple[tuple[Unit, ...], list[float], list[float]]:
         return self.cu.units, self.start, self.finish
 
+    def compute_loss(self, now: float, interference: Interference) -> float:
+        # Units sharing the channel move its bytes at the one channel's rate, each at 1/n of
+        # it and slowed by the rate: each takes n / rate times its cost.
+        cu = self.cu
+        stretch = len(self.flight) / self.rate
+        return interference.compute_loss(
+            (cu.size_bytes[u], cu.cost_us[u] * stretch) for u in self.flight
+        )
+
 
 class CycleFusionChannel(Channel):
     """Horovod's background thread: cycle-time tensor fusion.
@@ -252,6 +275,7 @@ class CycleFusionChannel(Channel):
         self.cycle = cycle_us
         self.synchronous = synchronous
         self.channel_free = 0.0
+        self.rate = 1.0
         alpha = float(prep.trace.comm.alpha_us)
         beta = float(prep.trace.comm.beta_us_per_byte)
         self.alpha = alpha
@@ -268,6 +292,8 @@ class CycleFusionChannel(Channel):
         self.unit_tensors: list[list[int]] = []
         self.start: list[float] = []
         self.finish: list[float] = []
+        self.nbytes: list[int] = []
+        self.cost: list[float] = []
 
     def _grid_tick(self, now: float) -> float:
         if self.anchor is None:
@@ -337,7 +363,10 @@ class CycleFusionChannel(Channel):
             )
             self.unit_tensors.append(g)
             self.start.append(t)
-            t = t + (self.alpha + self.beta * nbytes)
+            cost = self.alpha + self.beta * nbytes
+            self.nbytes.append(nbytes)
+            self.cost.append(cost)
+            t = t + cost / self.rate
             self.finish.append(t)
             self.batch.append((t, u))
         self.channel_free = t
@@ -353,6 +382,33 @@ class CycleFusionChannel(Channel):
 
     def records(self) -> tuple[tuple[Unit, ...], list[float], list[float]]:
         return tuple(self.units), self.start, self.finish
+
+    def compute_loss(self, now: float, interference: Interference) -> float:
+        # Units run back to back; the one on the wire is the first unfinished one, once started.
+        if self.batch_pos < len(self.batch):
+            u = self.batch[self.batch_pos][1]
+            if self.start[u] <= now:
+                return interference.compute_loss([(self.nbytes[u], self.cost[u] / self.rate)])
+        return interference.compute_loss()
+
+    def set_rate(self, now: float, rate: float) -> None:
+        """Re-time the units not finished yet: the one on the wire keeps the work it has left,
+        the queued ones follow back to back."""
+        if rate == self.rate:
+            return
+        old, self.rate = self.rate, rate
+        t = now
+        for pos in range(self.batch_pos, len(self.batch)):
+            u = self.batch[pos][1]
+            if self.start[u] < now:
+                self.finish[u] = now + (self.finish[u] - now) * old / rate
+            else:  # formed at a tick no later than now: it starts when the channel frees
+                self.start[u] = t
+                self.finish[u] = t + self.cost[u] / rate
+            t = self.finish[u]
+            self.batch[pos] = (t, u)
+        if self.batch_pos < len(self.batch):
+            self.channel_free = t
 
 
 def _channel_step(ch: Channel, now: float) -> list[int]:
@@ -392,13 +448,22 @@ class JointResult:
 
 
 def drive_joint(
-    prep: TraceAnalysis, ch: Channel, *, serial_compute: bool, barrier: bool
+    prep: TraceAnalysis,
+    ch: Channel,
+    *,
+    serial_compute: bool,
+    barrier: bool,
+    interference: Interference | None = None,
 ) -> JointResult:
     """Ops and channel in one event loop.
 
     ``serial_compute``: ops run one at a time on one stream; when the stream is free it starts
     the ready op that became ready earliest (ties in trace order). Otherwise every ready op
     starts at once (ideal compute). ``barrier``: gated forward ops also wait for every tensor.
+    ``interference``: running ops progress at ``1 - ch.compute_loss(...)`` of their speed (the
+    trace's ``comm.interference``). Their progress is one clock, ``progress``, which runs at
+    that rate between events; an op finishes when the clock has advanced by its duration since
+    it started. Without interference the clock is real time.
     """
     n_ops = len(prep.op_names)
     n_t = len(prep.tensor_names)
@@ -412,18 +477,18 @@ def drive_joint(
     finish = [_INF] * n_ops
     done_us = [_INF] * n_t
     tensors_left = n_t
-    events: list[tuple[float, int]] = []  # (finish time, op)
+    events: list[tuple[float, int]] = []  # (progress clock at the op's finish, op)
     ready_ops: list[tuple[float, int]] = []  # (ready time, op) for the serial stream
     stream_busy = False
+    progress = 0.0
+    rate = 1.0 if interference is None else 1.0 - interference.idle_loss
 
     def make_ready(i: int, now: float) -> None:
         if serial_compute:
             heapq.heappush(ready_ops, (now, i))
         else:
             start[i] = now
-            f = now + dur[i]
-            finish[i] = f
-            heapq.heappush(events, (f, i))
+            heapq.heappush(events, (progress + dur[i], i))
 
     def release_barrier(now: float) -> None:
         for i in range(n_ops):
@@ -443,17 +508,23 @@ def drive_joint(
         if serial_compute and not stream_busy and ready_ops:
             i = heapq.heappop(ready_ops)[1]
             start[i] = now
-            finish[i] = now + dur[i]
-            heapq.heappush(events, (finish[i], i))
+            heapq.heappush(events, (progress + dur[i], i))
             stream_busy = True
-        t_op = events[0][0] if events else _INF
+        t_op = _INF
+        if events:
+            t_op = events[0][0] if interference is None else now + (events[0][0] - progress) / rate
         t_ch = ch.next_time()
         t = t_op if t_op < t_ch else t_ch
         if t == _INF:
             break
+        # The clock reaches an op's finish exactly when that op is the next event.
+        progress = events[0][0] if t == t_op else progress + (t - now) * rate
+        if interference is None:
+            progress = t
         now = t
-        while events and events[0][0] == t:
+        while events and events[0][0] <= progress:
             i = heapq.heappop(events)[1]
+            finish[i] = t
             if serial_compute:
                 stream_busy = False
             for k in prep.produces[i]:
@@ -475,6 +546,10 @@ def drive_joint(
         if isinstance(ch, CycleFusionChannel):
             ch.after_batch(t)
         ch.dispatch(t)
+        if interference is not None:
+            computing = stream_busy if serial_compute else bool(events)
+            ch.set_rate(t, 1.0 / (1.0 + interference.comm_stretch) if computing else 1.0)
+            rate = 1.0 - ch.compute_loss(t, interference)
     stuck = [prep.op_names[i] for i in range(n_ops) if finish[i] == _INF]
     if stuck:
         raise InputError(f"ops never become ready: {stuck[:5]}", field="ops")

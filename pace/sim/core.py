@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pace.analysis import TraceAnalysis, analyze
+from pace.checks import require_int
 from pace.errors import InputError
 from pace.ir import Schedule, Trace, Unit
 from pace.replay import index_units, serial_replay, tensor_done_us, window_us
@@ -65,8 +66,8 @@ class SimOptions:
     def __post_init__(self) -> None:
         for name in ("credit", "credit_bytes"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise InputError(f"must be an integer >= 1, got {v!r}", field=name)
+            if v is not None:
+                require_int(v, field=name, minimum=1)
         for name in ("barrier", "one_compute_stream"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, bool):
@@ -120,7 +121,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         if (self.units is None) == (self.cycle_fusion is None):
-            raise ValueError("a Plan has exactly one of units and cycle_fusion")
+            raise InputError("a Plan has exactly one of units and cycle_fusion", field="plan")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -218,7 +219,7 @@ class SimResult:
 
     def _need_lazy(self) -> _Lazy:
         if self._lazy is None:
-            raise ValueError("this SimResult carries no op timing")
+            raise InputError("this SimResult carries no op timing", field="op_start_us")
         return self._lazy
 
 
@@ -315,8 +316,15 @@ def _simulate(
         ch = channels.StaticChannel(cu, credit, credit_bytes)
 
     cache: dict[str, Any] = {}
-    if serial or force_event_loop:
-        joint = channels.drive_joint(prep, ch, serial_compute=serial, barrier=barrier)
+    interference = trace.comm.interference
+    if interference is not None and not interference.active:
+        interference = None
+    # Interference couples compute to communication, so releases are no longer fixed
+    # (Lemma 1's split does not hold): ops and channel run in one event loop.
+    if serial or force_event_loop or interference is not None:
+        joint = channels.drive_joint(
+            prep, ch, serial_compute=serial, barrier=barrier, interference=interference
+        )
         units, ustart, ufinish = ch.records()
         done = joint.tensor_done_us
         cache["op"] = (tuple(joint.op_start_us), tuple(joint.op_finish_us))

@@ -1,0 +1,159 @@
+"""How much computation slows down while all-reduces run beside it: the trace's interference term.
+
+Measured on every rank at once, inside the job's own backend (a torch process group or
+Horovod), with one compute thread as in training:
+
+1. ``plain``: a compute probe (a matrix product, one thread) timed before the backend starts;
+2. ``idle``: the same probe with the backend started and no collective in flight (Horovod's
+   background loop polls the network every cycle);
+3. ``busy``: per message size, the same number of back-to-back all-reduces of that size on
+   every rank, first alone (their time is ``alone``), then on a thread while the main thread
+   times the probe (their time is ``beside``).
+
+The probe's slowdown gives the fraction of compute progress lost, ``1 - plain / busy``. The
+model (:class:`pace.ir.Interference`) charges, while a call of ``b`` bytes holds the channel for
+``d`` us, ``idle_loss + (us_per_call + us_per_byte * b) / d``; :func:`fit_interference` fits
+``us_per_call`` and ``us_per_byte`` by non-negative least squares on ``(loss - idle_loss) * d``,
+and ``comm_stretch`` as the byte-weighted mean of ``beside / alone - 1``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pace.ir import Interference
+
+__all__ = ["InterferenceSample", "fit_interference", "measure_interference", "probe_us"]
+
+# The probe: one thread multiplying 160x160 matrices takes ~0.3 ms on this class of CPU; short
+# enough to sample a window of a few hundred ms many times, long enough to time reliably.
+_PROBE_N = 160
+_PROBE_REPS = 4
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InterferenceSample:
+    """One message size: its call time, and the compute loss measured while it ran."""
+
+    size_bytes: int
+    call_us: float  # one call, beside the probe
+    loss: float
+    probes: int
+    alone_us: float = 0.0  # one call, nothing else running (0: not measured)
+
+
+def probe_us(reps: int = 40) -> float:
+    """Median time of the compute probe (one thread), in us."""
+    import torch
+
+    a = torch.randn(_PROBE_N, _PROBE_N)
+    b = torch.randn(_PROBE_N, _PROBE_N)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(_PROBE_REPS):
+            a = torch.mm(a, b) * 1e-3
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def _probe_while(alive: Callable[[], bool]) -> list[float]:
+    import torch
+
+    a = torch.randn(_PROBE_N, _PROBE_N)
+    b = torch.randn(_PROBE_N, _PROBE_N)
+    times = []
+    while alive():
+        t0 = time.perf_counter()
+        for _ in range(_PROBE_REPS):
+            a = torch.mm(a, b) * 1e-3
+        if alive():  # only probes that ran entirely while the bytes moved
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def measure_interference(
+    allreduce: Callable[[Any], None],
+    *,
+    sizes_bytes: Sequence[int],
+    calls: Sequence[int],
+    plain_us: float,
+) -> tuple[float, list[InterferenceSample]]:
+    """On this rank: the idle probe time and one sample per size (``calls[i]`` back-to-back
+    all-reduces of ``sizes_bytes[i]``, the same counts on every rank). ``plain_us``: the probe
+    measured before the backend started. Every rank must call this at the same time."""
+    import torch
+
+    idle_us = probe_us()
+    samples = []
+    for size, n_calls in zip(sizes_bytes, calls, strict=True):
+        buf = torch.ones(max(1, size // 4))
+        allreduce(buf)  # warm: connections and buffers of this size
+        t0 = time.perf_counter()
+        for _ in range(n_calls):
+            allreduce(buf)
+        alone_us = (time.perf_counter() - t0) * 1e6 / n_calls
+        elapsed: list[float] = []
+
+        def run(buf: Any = buf, n_calls: int = n_calls, elapsed: list[float] = elapsed) -> None:
+            t0 = time.perf_counter()
+            for _ in range(n_calls):
+                allreduce(buf)
+            elapsed.append(time.perf_counter() - t0)
+
+        thread = threading.Thread(target=run, name="pace-interference-comm", daemon=True)
+        thread.start()
+        busy = _probe_while(thread.is_alive)
+        thread.join()
+        busy_us = statistics.median(busy) * 1e6 if busy else plain_us
+        samples.append(
+            InterferenceSample(
+                size_bytes=int(buf.numel() * 4),
+                call_us=elapsed[0] * 1e6 / n_calls,
+                loss=max(0.0, 1.0 - plain_us / busy_us),
+                probes=len(busy),
+                alone_us=alone_us,
+            )
+        )
+    return idle_us, samples
+
+
+def fit_interference(
+    plain_us: float, idle_us: float, samples: Sequence[InterferenceSample]
+) -> tuple[Interference, float]:
+    """The interference term and its fit quality (R^2 of the per-call loss in us).
+
+    ``idle_loss = 1 - plain / idle``; per size, the loss beyond idle, in us per call, is
+    ``(loss - idle_loss) * call_us``, fitted as ``us_per_call + us_per_byte * bytes``.
+    """
+    import numpy as np
+    from scipy.optimize import nnls
+
+    idle_loss = max(0.0, 1.0 - plain_us / idle_us) if idle_us > 0 else 0.0
+    x = np.array([s.size_bytes for s in samples], dtype=float)
+    y = np.array([max(0.0, s.loss - idle_loss) * s.call_us for s in samples], dtype=float)
+    scale = float(x.max()) if len(x) else 1.0
+    (per_call, per_byte_scaled), _ = nnls(np.column_stack([np.ones_like(x), x / scale]), y)
+    pred = per_call + per_byte_scaled * x / scale
+    ss_tot = float(((y - y.mean()) ** 2).sum()) if len(y) > 1 else 0.0
+    r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+    timed = [s for s in samples if s.alone_us > 0]
+    weight = sum(s.size_bytes for s in timed)
+    stretch = (
+        sum(s.size_bytes * max(0.0, s.call_us / s.alone_us - 1.0) for s in timed) / weight
+        if weight
+        else 0.0
+    )
+    term = Interference(
+        us_per_byte=float(per_byte_scaled) / scale,
+        us_per_call=float(per_call),
+        idle_loss=idle_loss,
+        comm_stretch=stretch,
+        samples=tuple((s.size_bytes, round(s.loss, 6)) for s in samples),
+    )
+    return term, r2

@@ -1,0 +1,120 @@
+"""The interference term: compute slows down while communication runs beside it (issue 15)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pace.compiler import apply_what_if, compile_trace
+from pace.ir import CommModel, Interference, Op, Tensor, Trace
+from pace.profiler.interference import InterferenceSample, fit_interference
+from pace.sim import SimOptions, schedule_policy, simulate
+from pace.synth import random_trace
+from tests.strategies import traces
+
+STATIC = ("fifo", "tictac", "p3", "ddp", "bytescheduler")
+
+
+def with_term(trace: Trace, term: Interference | None) -> Trace:
+    return dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, interference=term))
+
+
+def overlap_trace() -> Trace:
+    """bw (10 us) produces w (100 B, 100 us on the wire); fw.a (50 us) needs nothing and runs
+    beside the transfer; fw.b (5 us) consumes w."""
+    return Trace(
+        model="overlap",
+        ops=(
+            Op(name="bw", phase="backward", duration_us=10),
+            Op(name="fw.a", phase="forward", duration_us=50, deps=("bw",)),
+            Op(name="fw.b", phase="forward", duration_us=5, deps=("fw.a",)),
+        ),
+        tensors=(Tensor(name="w", size_bytes=100, producer="bw", consumers=("fw.b",)),),
+        comm=CommModel(workers=2, alpha_us=0.0, beta_us_per_byte=1.0),
+    )
+
+
+def test_overlapped_compute_slows_by_the_bytes_in_flight() -> None:
+    trace = overlap_trace()
+    assert simulate(trace, "tictac").iteration_us == 115.0  # w done at 110, fw.b 110..115
+    # 0.2 us of compute lost per byte: 20 us over the 100 us transfer, fw.a runs at 0.8.
+    slow = with_term(trace, Interference(us_per_byte=0.2))
+    res = simulate(slow, "tictac")
+    assert res.op_finish_us[1] == pytest.approx(10 + 50 / 0.8)
+    assert res.iteration_us == pytest.approx(115.0)  # fw.a still ends before w arrives
+    # Per call: 60 us lost over the transfer; fw.a runs at 0.4 until 110, then at full speed.
+    slower = with_term(trace, Interference(us_per_call=60.0))
+    res = simulate(slower, "tictac")
+    done_by_110 = 100 * 0.4
+    assert res.op_finish_us[1] == pytest.approx(110 + (50 - done_by_110))
+    assert res.iteration_us == pytest.approx(110 + 10 + 5)
+
+
+@pytest.mark.parametrize("policy", ["tictac", "horovod"])
+def test_communication_slows_beside_compute(policy: str) -> None:
+    """comm_stretch 1: the transfer runs at half speed while fw.a computes (10..60 us): 25 B by
+    60 us, the other 75 B at full speed, done at 135 us (Horovod's thread: the same unit)."""
+    trace = with_term(overlap_trace(), Interference(comm_stretch=1.0))
+    res = simulate(trace, policy, options=SimOptions(barrier=False))
+    assert res.unit_finish_us[-1] == pytest.approx(135.0)
+    assert res.iteration_us == pytest.approx(140.0)
+
+
+def test_loss_is_capped() -> None:
+    term = Interference(us_per_call=1e9)
+    assert term.compute_loss([(1, 10.0)]) == pytest.approx(0.95)
+    assert Interference().active is False
+
+
+@settings(max_examples=40, deadline=None)
+@given(traces(), st.floats(min_value=0.0, max_value=0.6), st.sampled_from(STATIC))
+def test_idle_loss_alone_is_slower_compute(trace: Trace, idle: float, policy: str) -> None:
+    """A constant loss with no busy term is the same as every op that much slower."""
+    got = simulate(with_term(trace, Interference(idle_loss=idle)), policy).iteration_us
+    want = simulate(apply_what_if(trace, compute_speedup=1.0 - idle), policy).iteration_us
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(traces(), st.sampled_from(STATIC))
+def test_a_vanishing_term_is_the_independent_model(trace: Trace, policy: str) -> None:
+    """The event loop with a negligible term agrees with the fast replay (Lemma 1's split)."""
+    got = simulate(with_term(trace, Interference(idle_loss=1e-15)), policy).iteration_us
+    assert got == pytest.approx(simulate(trace, policy).iteration_us, rel=1e-9, abs=1e-6)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000), st.floats(min_value=1e-5, max_value=2e-3))
+def test_the_compiler_optimises_with_the_term(seed: int, per_byte: float) -> None:
+    """Compiled with interference, the prediction is the simulator's replay of the schedule
+    on that trace, and no baseline replays faster there (the compiler's guarantee)."""
+    trace = with_term(
+        random_trace(seed=seed, n_layers=8, alpha_us=20.0),
+        Interference(us_per_byte=per_byte, us_per_call=5.0),
+    )
+    res = compile_trace(trace)
+    replay = simulate(trace, schedule_policy(res.schedule)).iteration_us
+    assert res.predicted_iteration_us == pytest.approx(replay, rel=1e-12)
+    assert all(res.predicted_iteration_us <= us * (1 + 1e-9) for us in res.baselines.values()) or (
+        any("replays faster" in w for w in res.warnings)
+    )
+    assert math.isfinite(res.lower_bound_us)
+
+
+def test_fit_recovers_the_term() -> None:
+    """Samples generated from a known term fit back to it."""
+    per_call, per_byte, idle = 40.0, 3e-3, 0.1
+    samples = []
+    for size in (2**18, 2**20, 2**22, 2**24):
+        call_us = 50.0 + size * 8e-3
+        loss = idle + (per_call + per_byte * size) / call_us
+        samples.append(InterferenceSample(size_bytes=size, call_us=call_us, loss=loss, probes=9))
+    term, r2 = fit_interference(100.0, 100.0 / (1 - idle), samples)
+    assert term.idle_loss == pytest.approx(idle)
+    assert term.us_per_call == pytest.approx(per_call, rel=1e-6)
+    assert term.us_per_byte == pytest.approx(per_byte, rel=1e-6)
+    assert r2 == pytest.approx(1.0)
