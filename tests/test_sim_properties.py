@@ -28,6 +28,7 @@ from pace.sim.policies import (
     horovod,
     layer_order,
     partition_units,
+    resolve_policy,
 )
 from tests.strategies import traces
 
@@ -145,7 +146,7 @@ def test_fast_path_equals_event_loop(trace: Trace, barrier: bool, credit: int) -
     for name in ("fifo", "tictac", "p3", "ddp", "bytescheduler"):
         opts = SimOptions(barrier=barrier, credit=credit)
         fast = simulate(trace, name, options=opts)
-        slow = _simulate(trace, name, options=opts, force_event_loop=True)
+        slow = _simulate(trace, resolve_policy(name), options=opts, force_event_loop=True)
         assert close(fast.iteration_us, slow.iteration_us), name
         assert all(
             close(a, b) for a, b in zip(fast.tensor_done_us, slow.tensor_done_us, strict=True)

@@ -12,10 +12,9 @@ from pace.sim.core import (
     SimOptions,
     SimResult,
     schedule_policy,
-    simulate,
     units_policy,
 )
-from pace.sim.policies import POLICIES, compare, layer_order, ready_order
+from pace.sim.policies import POLICIES, compare, layer_order, ready_order, simulate
 
 __all__ = [
     "POLICIES",

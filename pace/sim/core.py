@@ -1,4 +1,7 @@
-"""The simulator's public entry: :func:`simulate`, its options, its result and policies.
+"""The simulator's engine: :func:`replay_policy`, its options, its result and policies.
+
+The public entry, ``pace.sim.simulate``, also resolves a registered baseline's name
+(``pace.sim.policies``, which builds on this module; this module imports none of it).
 
 Default mode = the replay semantics of docs/schedule-format.md (the meaning of a schedule's
 ``predicted_iteration_us``): one channel that starts the ready unit with the smallest priority
@@ -23,7 +26,8 @@ Example (docs/design.md's worked example, tests/data/tiny.trace.json: FIFO finis
 ...     ),
 ...     comm=CommModel(workers=2, alpha_us=0.0, beta_us_per_byte=1.0),
 ... )
->>> simulate(trace, "fifo").iteration_us
+>>> from pace.sim.policies import fifo
+>>> replay_policy(trace, fifo()).iteration_us
 44.0
 """
 
@@ -126,7 +130,7 @@ class Plan:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Policy:
-    """A named way to turn a trace into communication: ``build(prepared, options) -> Plan``.
+    """A named way to turn a trace into communication: ``build(analysis, options) -> Plan``.
 
     ``options`` are the caller's explicit options (a tuning policy searches under them).
     """
@@ -251,44 +255,35 @@ def _intersection_length(a: list[tuple[float, float]], b: list[tuple[float, floa
     return total
 
 
-def resolve_policy(policy: Policy | Schedule | str) -> Policy:
-    """A :class:`Policy` from a policy, a schedule, or a registered policy name."""
+def as_policy(policy: Policy | Schedule) -> Policy:
+    """A :class:`Policy` from a policy or a compiled schedule (names: ``pace.sim.simulate``)."""
     if isinstance(policy, Policy):
         return policy
     if isinstance(policy, Schedule):
         return schedule_policy(policy)
-    if isinstance(policy, str):
-        from pace.sim.policies import POLICIES
-
-        factory = POLICIES.get(policy)
-        if factory is None:
-            raise InputError(
-                f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}",
-                field="policy",
-            )
-        return factory()
     raise TypeError(f"not a policy: {policy!r}")
 
 
-def simulate(
+def replay_policy(
     trace: Trace,
-    policy: Policy | Schedule | str,
+    policy: Policy | Schedule,
     *,
     options: SimOptions = SimOptions(),
 ) -> SimResult:
-    """Replay ``policy`` on ``trace`` and return the iteration time and the timeline."""
+    """Replay ``policy`` on ``trace``: the iteration time and the timeline. The public entry,
+    which also takes a registered policy's name, is ``pace.sim.simulate``."""
     return _simulate(trace, policy, options=options, force_event_loop=False)
 
 
 def _simulate(
     trace: Trace,
-    policy: Policy | Schedule | str,
+    policy: Policy | Schedule,
     *,
     options: SimOptions,
     force_event_loop: bool,
 ) -> SimResult:
     prep = analyze(trace)
-    pol = resolve_policy(policy)
+    pol = as_policy(policy)
     plan = pol.build(prep, options)
     opts = options.over(plan.defaults).resolved()
     credit = opts.credit

@@ -15,10 +15,19 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pace.analysis import TraceAnalysis
 from pace.errors import InputError, LimitError
-from pace.ir import Slice, Unit
-from pace.sim.core import CycleFusion, Plan, Policy, SimOptions, SimResult, simulate
-from pace.sim.prepared import Prepared
+from pace.ir import Schedule, Slice, Trace, Unit
+from pace.sim import tuning
+from pace.sim.core import (
+    CycleFusion,
+    Plan,
+    Policy,
+    SimOptions,
+    SimResult,
+    as_policy,
+    replay_policy,
+)
 
 MIB = 1024 * 1024
 KIB = 1024
@@ -54,28 +63,30 @@ TUNE_MAX_UNITS = 2**16
 _BARRIER = SimOptions(barrier=True)
 
 
-def ready_order(prep: Prepared) -> tuple[int, ...]:
+def ready_order(prep: TraceAnalysis) -> tuple[int, ...]:
     """Tensor indices in ready order."""
     return prep.ready_order
 
 
-def layer_order(prep: Prepared) -> tuple[int, ...]:
+def layer_order(prep: TraceAnalysis) -> tuple[int, ...]:
     """Tensor indices in layer order (earliest forward consumer first; none: last)."""
     need = prep.need_us
     return tuple(sorted(range(len(need)), key=lambda k: (need[k], k)))
 
 
-def _whole(prep: Prepared, k: int) -> Slice:
+def _whole(prep: TraceAnalysis, k: int) -> Slice:
     return Slice(tensor=prep.tensor_names[k], offset_bytes=0, size_bytes=prep.size_bytes[k])
 
 
-def _one_unit_per_tensor(prep: Prepared, order: Iterable[int]) -> tuple[Unit, ...]:
+def _one_unit_per_tensor(prep: TraceAnalysis, order: Iterable[int]) -> tuple[Unit, ...]:
     return tuple(
         Unit(priority=float(rank), slices=(_whole(prep, k),)) for rank, k in enumerate(order)
     )
 
 
-def partition_units(prep: Prepared, order: Iterable[int], partition_bytes: int) -> tuple[Unit, ...]:
+def partition_units(
+    prep: TraceAnalysis, order: Iterable[int], partition_bytes: int
+) -> tuple[Unit, ...]:
     """Cut every tensor into ``partition_bytes`` slices (the last one shorter); every slice of
     a tensor gets the tensor's rank in ``order`` as priority, listed by offset so that file order
     breaks the tie front to back.
@@ -89,22 +100,58 @@ def partition_units(prep: Prepared, order: Iterable[int], partition_bytes: int) 
             f"partitions gives {count} units, more than the {MAX_PARTITION_UNITS} a replay "
             "may have (docs/simulator.md, 'Work limits')"
         )
-    units: list[Unit] = []
     names = prep.tensor_names
+    sizes = prep.size_bytes
+    units: list[Unit] = []
+    append = units.append
+    make_slice, make_unit = _unit_makers()
     for rank, k in enumerate(order):
-        size = prep.size_bytes[k]
+        size = sizes[k]
+        name = names[k]
+        prio = float(rank)
         for off in range(0, size, partition_bytes):
-            part = min(partition_bytes, size - off)
-            units.append(
-                Unit(
-                    priority=float(rank),
-                    slices=(Slice(tensor=names[k], offset_bytes=off, size_bytes=part),),
-                )
-            )
+            part = size - off if size - off < partition_bytes else partition_bytes
+            append(make_unit(prio, (make_slice(name, off, part),)))
     return tuple(units)
 
 
-def partition_count(prep: Prepared, partition_bytes: int) -> int:
+def _unit_makers() -> tuple[
+    Callable[[str, int, int], Slice], Callable[[float, tuple[Slice, ...]], Unit]
+]:
+    """Constructors of single-slice partition units, a few times faster than the dataclass
+    ``__init__`` (fields set directly; ``Slice`` and ``Unit`` check nothing at construction). If
+    either type ever gains a ``__post_init__``, the ordinary constructors are used.
+    """
+    if hasattr(Slice, "__post_init__") or hasattr(Unit, "__post_init__"):
+        return (
+            lambda t, o, n: Slice(tensor=t, offset_bytes=o, size_bytes=n),
+            lambda p, sl: Unit(priority=p, slices=sl),
+        )
+    new = object.__new__
+    # The slots' member descriptors write a field as the frozen __init__ does.
+    set_tensor = Slice.__dict__["tensor"].__set__
+    set_offset = Slice.__dict__["offset_bytes"].__set__
+    set_size = Slice.__dict__["size_bytes"].__set__
+    set_priority = Unit.__dict__["priority"].__set__
+    set_slices = Unit.__dict__["slices"].__set__
+
+    def make_slice(t: str, o: int, n: int) -> Slice:
+        s = new(Slice)
+        set_tensor(s, t)
+        set_offset(s, o)
+        set_size(s, n)
+        return s
+
+    def make_unit(p: float, sl: tuple[Slice, ...]) -> Unit:
+        u = new(Unit)
+        set_priority(u, p)
+        set_slices(u, sl)
+        return u
+
+    return make_slice, make_unit
+
+
+def partition_count(prep: TraceAnalysis, partition_bytes: int) -> int:
     """Units ``partition_units`` would make: ceil(size / partition) summed over tensors."""
     return sum(-(-size // partition_bytes) for size in prep.size_bytes)
 
@@ -112,7 +159,7 @@ def partition_count(prep: Prepared, partition_bytes: int) -> int:
 def fifo() -> Policy:
     """WFBP: each gradient all-reduced alone as soon as it is ready, in ready order; barrier."""
 
-    def build(prep: Prepared, options: SimOptions) -> Plan:
+    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
         return Plan(units=_one_unit_per_tensor(prep, prep.ready_order), defaults=_BARRIER)
 
     return Policy(name="fifo", build=build, description="WFBP: one unit per tensor, ready order")
@@ -139,7 +186,7 @@ def horovod(
         threshold_bytes=threshold_bytes, cycle_us=cycle_us, synchronous=synchronous
     )
 
-    def build(prep: Prepared, options: SimOptions) -> Plan:
+    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
         return Plan(
             cycle_fusion=fusion,
             defaults=_BARRIER,
@@ -163,7 +210,7 @@ def horovod_old() -> Policy:
 
 
 def ddp_buckets(
-    prep: Prepared, order: Iterable[int], *, cap_bytes: int, first_bytes: int
+    prep: TraceAnalysis, order: Iterable[int], *, cap_bytes: int, first_bytes: int
 ) -> list[list[int]]:
     """PyTorch DDP's bucket assignment: walk tensors in ``order``, close a bucket once its size
     reaches the limit (so a bucket may exceed it by its last tensor); the first bucket's limit is
@@ -201,7 +248,7 @@ def ddp(
     if bucket_cap_bytes < 1 or first_bucket_bytes < 1:
         raise InputError("bucket sizes must be >= 1 byte", field="bucket_cap_bytes")
 
-    def build(prep: Prepared, options: SimOptions) -> Plan:
+    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
         buckets = ddp_buckets(
             prep, prep.ready_order, cap_bytes=bucket_cap_bytes, first_bytes=first_bucket_bytes
         )
@@ -226,7 +273,7 @@ def ddp(
 def tictac() -> Policy:
     """TicTac: whole tensors, ordered by when the next forward pass needs them; no barrier."""
 
-    def build(prep: Prepared, options: SimOptions) -> Plan:
+    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
         return Plan(units=_one_unit_per_tensor(prep, layer_order(prep)))
 
     return Policy(name="tictac", build=build, description="order by forward need, no partition")
@@ -235,7 +282,7 @@ def tictac() -> Policy:
 def p3(*, slice_bytes: int = P3_SLICE_BYTES) -> Policy:
     """P3: 160 KB slices, priority by layer, one slice in flight (stop-and-wait); no barrier."""
 
-    def build(prep: Prepared, options: SimOptions) -> Plan:
+    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
         return Plan(
             units=partition_units(prep, layer_order(prep), slice_bytes),
             defaults=SimOptions(credit=1),
@@ -271,7 +318,7 @@ def bytescheduler(
         else SimOptions(credit_bytes=credit_bytes)
     )
 
-    def build(prep: Prepared, options: SimOptions) -> Plan:
+    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
         return Plan(
             units=partition_units(prep, layer_order(prep), partition_bytes),
             defaults=defaults,
@@ -299,32 +346,22 @@ def bytescheduler_tuned(
     option, if any, pins the credit.
     """
 
-    def build(prep: Prepared, options: SimOptions) -> Plan:
+    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
         order = layer_order(prep)
         grid_credits = (options.credit,) if options.credit is not None else credits
-        best: tuple[float, float, int, int] | None = None
-        best_units: tuple[Unit, ...] = ()
-        for part in partitions_bytes:
-            if partition_count(prep, part) > TUNE_MAX_UNITS:
-                continue
-            units = partition_units(prep, order, part)
-            pol = Policy(name="_grid", build=_fixed(units))
-            for credit in grid_credits:
-                res = simulate(prep.trace, pol, options=options.over(SimOptions(credit=credit)))
-                # Ties (common when compute dominates) go to the least channel time, then the
-                # smaller credit and the larger partition: fewer calls, less overhead.
-                key = (res.iteration_us, res.comm_busy_us, credit, -part)
-                if best is None or key < best:
-                    best = key
-                    best_units = units
-        if best is None:
+        parts = [p for p in partitions_bytes if partition_count(prep, p) <= TUNE_MAX_UNITS]
+        if not parts:
             raise LimitError(
                 f"every grid partition cuts the trace's {sum(prep.size_bytes)} bytes into more "
                 f"than {TUNE_MAX_UNITS} units (docs/simulator.md, 'Work limits')"
             )
+        if options.one_compute_stream or not tuning.fast_path_ok(prep, parts):
+            best = _grid_by_replay(prep, options, order, parts, grid_credits)
+        else:
+            best = _grid_fast(prep, options, order, parts, grid_credits)
         credit_best = best[2]
         return Plan(
-            units=best_units,
+            units=partition_units(prep, order, -best[3]),
             defaults=SimOptions(credit=credit_best),
             knobs={
                 "partition_bytes": -best[3],
@@ -338,8 +375,65 @@ def bytescheduler_tuned(
     )
 
 
-def _fixed(units: tuple[Unit, ...]) -> Callable[[Prepared, SimOptions], Plan]:
-    def build(prep: Prepared, options: SimOptions) -> Plan:
+# A grid point's key: (iteration_us, comm_busy_us, credit, -partition_bytes). Ties (common when
+# compute dominates) go to the least channel time, then the smaller credit and the larger
+# partition: fewer calls, less overhead.
+_Key = tuple[float, float, int, int]
+
+
+def _grid_by_replay(
+    prep: TraceAnalysis,
+    options: SimOptions,
+    order: tuple[int, ...],
+    parts: list[int],
+    grid_credits: tuple[int, ...],
+) -> _Key:
+    """The smallest key of the grid, replaying every point with :func:`simulate`."""
+    best: _Key | None = None
+    for part in parts:
+        units = partition_units(prep, order, part)
+        pol = Policy(name="_grid", build=_fixed(units))
+        for credit in grid_credits:
+            res = replay_policy(prep.trace, pol, options=options.over(SimOptions(credit=credit)))
+            key = (res.iteration_us, res.comm_busy_us, credit, -part)
+            if best is None or key < best:
+                best = key
+    assert best is not None
+    return best
+
+
+def _grid_fast(
+    prep: TraceAnalysis,
+    options: SimOptions,
+    order: tuple[int, ...],
+    parts: list[int],
+    grid_credits: tuple[int, ...],
+) -> _Key:
+    """The same key as :func:`_grid_by_replay` (pace.sim.tuning): tensor-level replays of the
+    points, partitions visited by ascending lower bound and skipped once it exceeds the best
+    iteration found.
+    """
+    barrier = bool(options.barrier)
+    bounds = tuning.partition_lower_bounds(prep, parts, barrier)
+    best: _Key | None = None
+    for bound, part in sorted(zip(bounds, parts, strict=True)):
+        if best is not None and bound > best[0] + tuning.PRUNE_REL_MARGIN * max(1.0, abs(best[0])):
+            break
+        p = tuning.make_partition(prep, order, part)
+        for credit in grid_credits:
+            if credit == 1:
+                times = tuning.serial_partition_replay(p)
+            else:
+                times = tuning.shared_partition_replay(p, credit, options.credit_bytes)
+            key = (tuning.iteration_of(prep, p, times, barrier), times.busy_us, credit, -part)
+            if best is None or key < best:
+                best = key
+    assert best is not None
+    return best
+
+
+def _fixed(units: tuple[Unit, ...]) -> Callable[[TraceAnalysis, SimOptions], Plan]:
+    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
         return Plan(units=units)
 
     return build
@@ -378,9 +472,36 @@ def compare(
         if factory is None:
             raise InputError(f"unknown policy {name!r}", field="policy")
         try:
-            out[name] = simulate(trace, factory(), options=opts)
+            out[name] = replay_policy(trace, factory(), options=opts)
         except LimitError as exc:
             if skipped is None:
                 raise
             skipped[name] = exc.detail
     return out
+
+
+_CONTRACT = SimOptions()  # every option unset: each policy's defaults, else the contract's
+
+
+def resolve_policy(policy: Policy | Schedule | str) -> Policy:
+    """A :class:`Policy` from a policy, a compiled schedule, or a registered baseline's name."""
+    if isinstance(policy, str):
+        factory = POLICIES.get(policy)
+        if factory is None:
+            raise InputError(
+                f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}",
+                field="policy",
+            )
+        return factory()
+    return as_policy(policy)
+
+
+def simulate(
+    trace: Trace,
+    policy: Policy | Schedule | str,
+    *,
+    options: SimOptions = _CONTRACT,
+) -> SimResult:
+    """Replay ``policy`` (a policy, a compiled schedule, or a baseline's name) on ``trace``:
+    the iteration time and the timeline (``pace.sim.core.replay_policy``)."""
+    return replay_policy(trace, resolve_policy(policy), options=options)
