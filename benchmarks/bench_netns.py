@@ -63,8 +63,17 @@ if str(ROOT) not in sys.path:
 MODEL = "pace:vgg-cifar"
 NUM_CLASSES = 10
 LR = 0.01
-# Horovod reads these once at hvd.init(); the pace runtime needs its units unfused and uncached.
-PACE_HOROVOD_ENV = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"}
+
+
+def pace_horovod_env() -> dict[str, str]:
+    """The Horovod settings the pace runtime uses (read once by hvd.init()), plus any
+    ``--horovod-env`` overrides of this run."""
+    from pace.runtime.backends import HOROVOD_ENV
+
+    return {**HOROVOD_ENV, **_HOROVOD_OVERRIDES}
+
+
+_HOROVOD_OVERRIDES: dict[str, str] = {}
 LAUNCH_TIMEOUT_S = 1800.0
 NETNS_ETC = Path("/etc/netns")  # per-namespace /etc overrides of `ip netns exec`
 
@@ -440,7 +449,7 @@ def fit_link(link: Link, backend: str, trace: Any, tmp: Path, reps: int) -> Any:
     out = tmp / f"comm-{backend}.json"
     argv = ["--role", "comm", "--backend", backend, "--out", str(out)]
     argv += ["--sizes", ",".join(map(str, sizes)), "--reps", str(reps)]
-    launch(link, backend, argv, PACE_HOROVOD_ENV if backend == "horovod" else None)
+    launch(link, backend, argv, pace_horovod_env() if backend == "horovod" else None)
     rows = json.loads(out.read_text())
     samples = [(int(b), float(u)) for b, u, _ in rows]
     _say("    all-reduce samples (bytes: us): " + ", ".join(f"{b}: {u:.0f}" for b, u in samples))
@@ -608,7 +617,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                             backend,
                             comm,
                             tmp,
-                            env=PACE_HOROVOD_ENV if backend == "horovod" else None,
+                            env=pace_horovod_env() if backend == "horovod" else None,
                             tag="pace",
                         )
                     }
@@ -672,7 +681,7 @@ def _train(
     if backend == "horovod":
         launches = [
             (["vanilla"], None),
-            (["vanilla-nofusion", "online", "pace", "pace-sync", "local"], PACE_HOROVOD_ENV),
+            (["vanilla-nofusion", "online", "pace", "pace-sync", "local"], pace_horovod_env()),
         ]
     else:
         launches = [(["vanilla", "online", "pace", "pace-sync", "local"], None)]
@@ -750,7 +759,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "e.g. for `pace timeline DIR/1gbit-torch.trace.json.gz --schedule ...`",
     )
     ap.add_argument("--markdown", action="store_true", help="print the final table as markdown")
+    ap.add_argument(
+        "--horovod-env",
+        default="",
+        metavar="K=V,...",
+        help="Horovod settings for the pace launch on top of the runtime's (an experiment)",
+    )
     args, rest = ap.parse_known_args(argv)
+    _HOROVOD_OVERRIDES.update(
+        dict(kv.split("=", 1) for kv in args.horovod_env.split(",") if kv)  # type: ignore[misc]
+    )
     if args.role == "hvd-driver":
         hvd_driver(args.link, [a for a in rest if a != "--"])
         return 0

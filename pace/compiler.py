@@ -221,7 +221,8 @@ def compile_trace(
     ``workers`` compile for a what-if cost model; ``compute_speedup`` for faster computation
     (``apply_what_if``). A compute what-if changes op durations, hence the trace digest: the
     schedule keeps the digest of the trace it was given (so it still matches that file and the
-    model) and records ``meta["compute_speedup"]``, which ``pace validate`` re-applies.
+    model) and records ``compute_speedup`` (``meta.compute_speedup`` in the file), which every
+    replay (``pace validate``, ``simulate``, drift) re-applies.
     ``mode="sync"`` compiles for the runtime's synchronous mode (``sync_trace``; the schedule
     records its ``mode`` and the runtime refuses a mismatch); the baselines are replayed on the
     same loop.
@@ -325,14 +326,7 @@ def compile_trace(
         from pace.io import trace_digest
 
         sched = dataclasses.replace(
-            sched,
-            trace_digest=trace_digest(trace),
-            mode=mode,
-            meta=(
-                {**sched.meta, "compute_speedup": compute_speedup}
-                if compute_speedup is not None
-                else sched.meta
-            ),
+            sched, trace_digest=trace_digest(trace), mode=mode, compute_speedup=compute_speedup
         )
     return CompileResult(
         schedule=sched,

@@ -881,10 +881,13 @@ def schedule_from_dict(obj: Any, *, where: str = "") -> Schedule:
     r = _Reader(where)
     top = r.obj(obj, "(top level)")
     r.header(top, SCHEDULE_FORMAT, SUPPORTED_SCHEDULE_VERSIONS)
-    meta = r.obj(top["meta"], "meta") if "meta" in top else {}
+    meta = dict(r.obj(top["meta"], "meta")) if "meta" in top else {}
+    speedup = None
     if "compute_speedup" in meta:
-        # The one key of meta with a meaning: replays re-apply it (pace validate, simulate).
-        check_compute_speedup(meta["compute_speedup"], where=where, field="meta.compute_speedup")
+        # The one key of meta with a meaning, a typed field in memory: replays re-apply it.
+        speedup = check_compute_speedup(
+            meta.pop("compute_speedup"), where=where, field="meta.compute_speedup"
+        )
     mode = top.get("mode", "overlap")
     if mode not in SCHEDULE_MODES:
         raise r.err("mode", f"must be one of {', '.join(SCHEDULE_MODES)}, got {_show(mode)}")
@@ -900,6 +903,7 @@ def schedule_from_dict(obj: Any, *, where: str = "") -> Schedule:
         predicted_iteration_us=r.num(
             r.req(top, "predicted_iteration_us", ""), "predicted_iteration_us"
         ),
+        compute_speedup=speedup,
         meta=meta,
     )
 
@@ -945,8 +949,11 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
     if schedule.mode != "overlap":
         # Absent means "overlap": files written before the field existed keep their meaning.
         out["mode"] = schedule.mode
-    if schedule.meta:
-        out["meta"] = dict(schedule.meta)
+    meta = dict(schedule.meta)
+    if schedule.compute_speedup is not None:
+        meta["compute_speedup"] = _num_out(schedule.compute_speedup)
+    if meta:
+        out["meta"] = meta
     return out
 
 

@@ -205,6 +205,9 @@ class Schedule:
     units: tuple[Unit, ...]
     predicted_iteration_us: float
     mode: ScheduleMode = "overlap"
+    # Compiled for the trace's computation this many times faster (``pace compile
+    # --compute-speedup``): every replay re-applies it. In the file: meta.compute_speedup.
+    compute_speedup: float | None = None
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def ordered_units(self) -> tuple[Unit, ...]:

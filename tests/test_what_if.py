@@ -37,7 +37,7 @@ def test_compiled_schedule_matches_the_original_trace_and_replays_scaled() -> No
     result = compile_trace(trace, compute_speedup=20.0, baselines=False)
     sched = result.schedule
     assert sched.trace_digest == trace_digest(trace)
-    assert sched.meta["compute_speedup"] == 20.0
+    assert sched.compute_speedup == 20.0
     scaled = apply_what_if(trace, compute_speedup=20.0)
     replay = simulate(dataclasses.replace(scaled, comm=sched.cost_model), schedule_policy(sched))
     assert replay.iteration_us == pytest.approx(sched.predicted_iteration_us, rel=1e-9)

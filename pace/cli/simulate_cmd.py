@@ -16,7 +16,6 @@ import dataclasses
 import math
 from typing import Any
 
-from pace.checks import is_number
 from pace.cli._options import add_credit_options, add_what_if_options
 from pace.cli._output import print_json, print_table
 from pace.errors import InputError, LimitError
@@ -83,9 +82,8 @@ def load_trace_and_schedule(
     if path is not None:
         schedule = load_schedule(path, trace=trace)
         # In range: pace.io checks meta.compute_speedup and names the schedule file.
-        recorded = schedule.meta.get("compute_speedup")
-        if speedup is None and is_number(recorded):
-            speedup = float(recorded)
+        if speedup is None:
+            speedup = schedule.compute_speedup
     if schedule is not None and args.bandwidth_gbps is None and args.workers is None:
         # A schedule compiled for a what-if cluster replays on the cost model it was compiled
         # for (as `pace validate` does), unless the command line asks for another.

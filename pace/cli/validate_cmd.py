@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 from typing import Any
 
-from pace.checks import is_number
 from pace.cli._output import print_json
 from pace.errors import InputError
 from pace.io import (
@@ -57,13 +56,8 @@ def _check_prediction(schedule: Schedule, trace: Trace, where: str) -> None:
     from pace.compiler import apply_what_if
     from pace.sim import schedule_policy, simulate
 
-    speedup = schedule.meta.get("compute_speedup")
-    if speedup is not None:
-        if not is_number(speedup) or speedup <= 0:
-            raise InputError(
-                f"must be a number > 0, got {speedup!r}", where=where, field="meta.compute_speedup"
-            )
-        trace = apply_what_if(trace, compute_speedup=float(speedup))
+    if schedule.compute_speedup is not None:  # pace.io held it to its range
+        trace = apply_what_if(trace, compute_speedup=schedule.compute_speedup)
     # A sync-mode schedule predicts the loop whose forward waits for every gradient.
     trace = apply_what_if(trace, mode=schedule.mode)
     replay = simulate(

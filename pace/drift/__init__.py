@@ -30,10 +30,10 @@ from pace.drift.estimate import (
 from pace.drift.loop import DriftLoop, DriftOptions
 from pace.drift.monitor import Monitor
 from pace.drift.replan import (
-    Candidate,
     DriftController,
     DriftEvent,
     JitterPredictor,
+    Recompiled,
     ReplanError,
     Replanner,
     SwitchProtocol,
@@ -43,7 +43,6 @@ from pace.drift.replan import (
 from pace.drift.trigger import DriftTrigger, TriggerOptions, TriggerState
 
 __all__ = [
-    "Candidate",
     "DriftController",
     "DriftEvent",
     "DriftLoop",
@@ -56,6 +55,7 @@ __all__ = [
     "JitterPredictor",
     "Monitor",
     "ObservedStats",
+    "Recompiled",
     "ReplanError",
     "Replanner",
     "SwitchProtocol",

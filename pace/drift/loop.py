@@ -74,10 +74,9 @@ def schedule_trace(trace: Trace, schedule: Schedule) -> Trace:
     (what its ``predicted_iteration_us`` replays)."""
     from pace.compiler import apply_what_if
 
-    speedup = schedule.meta.get("compute_speedup")
     return apply_what_if(
         dataclasses.replace(trace, comm=schedule.cost_model),
-        compute_speedup=float(speedup) if isinstance(speedup, int | float) else None,
+        compute_speedup=schedule.compute_speedup,
         mode=schedule.mode,
     )
 

@@ -44,10 +44,10 @@ from pace.options import DriftEventKind
 
 __all__ = [
     "SWITCH_FORMAT",
-    "Candidate",
     "DriftController",
     "DriftEvent",
     "JitterPredictor",
+    "Recompiled",
     "ReplanError",
     "Replanner",
     "SwitchProtocol",
@@ -117,7 +117,7 @@ class JitterPredictor(Generic[P]):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Candidate(Generic[P]):
+class Recompiled(Generic[P]):
     """A finished recompile: the new plan and both predictions on the re-estimated trace."""
 
     plan: P
@@ -151,7 +151,7 @@ class Replanner(Generic[P]):
             if executor is not None
             else ThreadPoolExecutor(max_workers=1, thread_name_prefix="pace-replan")
         )
-        self._future: Future[Candidate[P]] | None = None
+        self._future: Future[Recompiled[P]] | None = None
         self.submitted = 0
         self.failures = 0
 
@@ -168,11 +168,11 @@ class Replanner(Generic[P]):
         self._future = self._executor.submit(self._run, trace, current)
         return True
 
-    def _run(self, trace: Trace, current: P) -> Candidate[P]:
+    def _run(self, trace: Trace, current: P) -> Recompiled[P]:
         t0 = time.perf_counter()
         plan = self._compile(trace)
         seconds = time.perf_counter() - t0
-        return Candidate(
+        return Recompiled(
             plan=plan,
             trace=trace,
             current_us=float(self._predict(trace, current)),
@@ -180,14 +180,14 @@ class Replanner(Generic[P]):
             compile_seconds=seconds,
         )
 
-    def poll(self) -> Candidate[P] | None:
+    def poll(self) -> Recompiled[P] | None:
         """The finished candidate, or None if none finished; raises ``ReplanError`` on failure."""
         fut = self._future
         if fut is None or not fut.done():
             return None
         return self._collect(fut)
 
-    def wait(self, timeout_s: float | None = None) -> Candidate[P] | None:
+    def wait(self, timeout_s: float | None = None) -> Recompiled[P] | None:
         """Block until the running compile finishes (None if none is running or on time-out)."""
         fut = self._future
         if fut is None:
@@ -200,7 +200,7 @@ class Replanner(Generic[P]):
             pass
         return self._collect(fut)
 
-    def _collect(self, fut: Future[Candidate[P]]) -> Candidate[P]:
+    def _collect(self, fut: Future[Recompiled[P]]) -> Recompiled[P]:
         self._future = None
         try:
             return fut.result()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pace.errors import InputError
-from pace.fusion.chain import Chain, ChainOracle, PlanOracle, build_chain
+from pace.fusion.chain import Chain, ChainOracle, FusionOracle, build_chain
 from pace.fusion.maxmin import max_min_bisect, max_min_dp, max_min_table
 from pace.fusion.paper import FULL_ENUMERATION_MAX, RSweep, sweep_r
 from pace.fusion.search import SearchResult, search_fusion
@@ -69,7 +69,7 @@ def plan_fusion(
     trace: Trace,
     *,
     method: Method | str = "search",
-    oracle: PlanOracle | None = None,
+    oracle: FusionOracle | None = None,
     maxmin: MaxMinAlgorithm = "auto",
     full_enumeration_max: int = FULL_ENUMERATION_MAX,
     max_evaluations: int | None = None,
@@ -113,7 +113,7 @@ def fuse(
     trace: Trace,
     *,
     method: Method | str = "search",
-    oracle: PlanOracle | None = None,
+    oracle: FusionOracle | None = None,
     maxmin: MaxMinAlgorithm = "auto",
     full_enumeration_max: int = FULL_ENUMERATION_MAX,
     max_evaluations: int | None = None,

@@ -33,7 +33,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 # A user oracle prices a whole plan: (trace, plan) -> iteration time in us.
-PlanOracle = Callable[[Trace, FusionPlan], float]
+FusionOracle = Callable[[Trace, FusionPlan], float]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -107,7 +107,7 @@ class ChainOracle:
 
     chain: Chain
     trace: Trace | None = None
-    plan_oracle: PlanOracle | None = None
+    plan_oracle: FusionOracle | None = None
     evaluations: int = 0
     _memo: dict[bytes, Score] = field(default_factory=dict)
     _critical: dict[bytes, tuple[int, ...]] = field(default_factory=dict)

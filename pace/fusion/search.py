@@ -50,7 +50,7 @@ def _better(a: Score, b: Score) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Candidate:
+class PartitionCandidate:
     """One priced partition, labelled with where it came from."""
 
     label: str
@@ -62,8 +62,8 @@ class Candidate:
 class SearchResult:
     """The best partition found and the best distinct candidates, cheapest first."""
 
-    best: Candidate
-    ranked: tuple[Candidate, ...]
+    best: PartitionCandidate
+    ranked: tuple[PartitionCandidate, ...]
     evaluations: int
 
 
@@ -189,19 +189,19 @@ def search_fusion(
 ) -> SearchResult:
     """Seeds + local search, all priced by ``cost``; see the module docstring."""
     budget = default_budget(chain.n) if max_evaluations is None else max_evaluations
-    pool: dict[bytes, Candidate] = {}
+    pool: dict[bytes, PartitionCandidate] = {}
 
     def add(label: str, starts: IntArray) -> None:
         key = partition_key(starts)
         if key not in pool:
-            pool[key] = Candidate(label=label, starts=starts, cost_us=oracle(starts))
+            pool[key] = PartitionCandidate(label=label, starts=starts, cost_us=oracle(starts))
 
     add("none", singletons(chain.n))
     add(f"paper(R={sweep.best_groups})", sweep.best_starts)
     for label, max_bytes, gap in family_grid(chain):
         add(label, window_partition(chain, max_bytes=max_bytes, max_gap_us=gap))
 
-    def rank(c: Candidate) -> Score:
+    def rank(c: PartitionCandidate) -> Score:
         return oracle.score(c.starts)
 
     seeds = sorted(pool.values(), key=rank)[:seeds_for_local_search]
@@ -214,7 +214,9 @@ def search_fusion(
         remaining -= spent
         key = partition_key(starts)
         if key not in pool:
-            pool[key] = Candidate(label=f"local({seed.label})", starts=starts, cost_us=score[0])
+            pool[key] = PartitionCandidate(
+                label=f"local({seed.label})", starts=starts, cost_us=score[0]
+            )
 
     ranked = tuple(sorted(pool.values(), key=rank))
     return SearchResult(best=ranked[0], ranked=ranked, evaluations=oracle.evaluations)

@@ -28,7 +28,7 @@ from pace.errors import InputError, LimitError
 from pace.ir import FusionPlan, Schedule, Trace, Unit
 from pace.lp.exact import ExactSolution, solve_exact
 from pace.lp.extract import (
-    Candidate,
+    PieceCandidate,
     grace_candidates,
     interfering,
     overhead_aware_candidates,
@@ -70,10 +70,10 @@ __all__ = [
     "ROBUST_SD",
     "ROBUST_TOLERANCE",
     "SOLVERS",
-    "Candidate",
     "ExactSolution",
     "JitterWorlds",
     "LpSolution",
+    "PieceCandidate",
     "Reduction",
     "RobustChoice",
     "ScheduleResult",
@@ -159,7 +159,7 @@ def lower_bound_us(trace: Trace) -> float:
     ).makespan_us
 
 
-def _lp_plan(
+def _lp_pieces(
     red: Reduction,
     *,
     lp_backend: str,
@@ -195,7 +195,7 @@ def best_units(
     slot_us: float | None = None,
     max_slots: int = DEFAULT_MAX_SLOTS,
     overhead_aware: bool = True,
-) -> tuple[Candidate, list[Candidate], dict[str, Any]]:
+) -> tuple[PieceCandidate, list[PieceCandidate], dict[str, Any]]:
     """The best candidate by the fast replay, every candidate, and solver info.
 
     ``overhead_aware=False`` returns the solver's own plan only (the LP's, or largest tail
@@ -208,7 +208,7 @@ def best_units(
     info: dict[str, Any] = {"solver": solver, "jobs": red.n_jobs}
     base: list[tuple[str, tuple[tuple[int, float, float], ...]]] = []
     if solver == "lp":
-        pieces, info["lp"] = _lp_plan(
+        pieces, info["lp"] = _lp_pieces(
             red,
             lp_backend=lp_backend,
             time_limit_s=time_limit_s,
@@ -307,7 +307,7 @@ def schedule(
             ladder = (_GRACE_FRACTIONS_LARGE, _SLICE_DIVISORS_LARGE)
         cands.extend(grace_candidates(red, trace.comm, *ladder))
     ranked = sorted(cands, key=lambda c: c.replay_us)
-    verified: list[tuple[float, int, Candidate, tuple[Unit, ...]]] = []
+    verified: list[tuple[float, int, PieceCandidate, tuple[Unit, ...]]] = []
     seen: set[tuple[Unit, ...]] = set()
     singletons = all(len(job) == 1 for job in red.jobs)
     # Without fusion the fast replay is the simulator's semantics exactly: verify the best only.
@@ -353,7 +353,7 @@ def schedule(
         if p3 is not None and p3.iteration_us < best_us:
             units = tuple(p3.units)
             sim_us = replay_us(red, units)
-            base_cand = Candidate(name="baseline-p3", pieces=(), replay_us=sim_us)
+            base_cand = PieceCandidate(name="baseline-p3", pieces=(), replay_us=sim_us)
             cands.append(base_cand)
             verified.append((sim_us, len(ranked), base_cand, units))
     predicted, _, chosen, units = min(verified, key=lambda v: (v[0], v[1]))
@@ -392,17 +392,17 @@ def schedule(
     )
 
 
-_Choice = tuple[Candidate, tuple[Unit, ...]]
+_Choice = tuple[PieceCandidate, tuple[Unit, ...]]
 
 
 def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call site)
     red: Reduction,
-    cands: list[Candidate],
+    cands: list[PieceCandidate],
     worlds: JitterWorlds,
-    nominal: tuple[float, Candidate, tuple[Unit, ...]],
+    nominal: tuple[float, PieceCandidate, tuple[Unit, ...]],
     tolerance: float,
     p3: tuple[float, tuple[Unit, ...]],
-) -> tuple[float, Candidate, tuple[Unit, ...], RobustChoice]:
+) -> tuple[float, PieceCandidate, tuple[Unit, ...], RobustChoice]:
     """``select_robust`` over this plan's candidates: nominally within ``tolerance`` of the best
     and no worse than the FIFO / need-order candidates and P3's replay ``p3``, whose own units
     are an option too (fixed-size slices are robust by nature)."""
@@ -443,7 +443,7 @@ def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call sit
                 )
             )
     if p3_units and p3_units not in seen:
-        p3_cand = Candidate(name="baseline-p3", pieces=(), replay_us=p3_us)
+        p3_cand = PieceCandidate(name="baseline-p3", pieces=(), replay_us=p3_us)
         others.append(
             RobustOption(
                 nominal_us=p3_us,
@@ -465,7 +465,7 @@ def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call sit
     return pick.nominal_us, cand, units, choice
 
 
-def _split_jobs(cand: Candidate) -> int:
+def _split_jobs(cand: PieceCandidate) -> int:
     counts: dict[int, int] = {}
     for j, _, _ in cand.pieces:
         counts[j] = counts.get(j, 0) + 1

@@ -35,12 +35,12 @@ from pace.lp.exact import solve_exact
 from pace.lp.reduction import Reduction, TensorTiming
 from pace.replay import iteration_us, serial_replay, window_us
 
-PlanPiece = tuple[int, float, float]
+JobPiece = tuple[int, float, float]
 """``(job, start_us, weight)``: a planned piece; bytes of the job are split by ``weight``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
-class Candidate:
+class PieceCandidate:
     """One way to issue the jobs: its plan and its replayed time at job level.
 
     ``replay_us`` replays the plan's pieces (one call per piece, whole jobs): exact for
@@ -49,7 +49,7 @@ class Candidate:
     """
 
     name: str
-    pieces: tuple[PlanPiece, ...]
+    pieces: tuple[JobPiece, ...]
     replay_us: float
 
 
@@ -101,7 +101,7 @@ def _anchor_bounds(size: int, a_size: int, bounds: Sequence[int]) -> list[int]:
     return out
 
 
-def units_from_pieces(red: Reduction, pieces: Sequence[PlanPiece]) -> tuple[Unit, ...]:
+def units_from_pieces(red: Reduction, pieces: Sequence[JobPiece]) -> tuple[Unit, ...]:
     """Schedule units for ``pieces``; every tensor's bytes are covered exactly once.
 
     Pieces that would carry zero bytes are dropped; a job with no piece gets one unit at its
@@ -236,7 +236,7 @@ def exact_pieces(
     *,
     min_remaining_us: float = 0.0,
     grace_us: Sequence[float] | None = None,
-) -> tuple[PlanPiece, ...]:
+) -> tuple[JobPiece, ...]:
     """Largest-tail-first plan where each resumed piece pays ``alpha`` again (``grace_us``: see
     :func:`~pace.lp.exact.solve_exact`)."""
     alpha = comm.alpha_us
@@ -255,10 +255,10 @@ def exact_pieces(
     return tuple((j, s, max(e - s - alpha, 0.0)) for j, s, e in sol.pieces)
 
 
-def slice_pieces(pieces: Sequence[PlanPiece], max_piece_us: float) -> tuple[PlanPiece, ...]:
+def slice_pieces(pieces: Sequence[JobPiece], max_piece_us: float) -> tuple[JobPiece, ...]:
     """Split every piece longer than ``max_piece_us`` (transmit time) into equal parts, in
     order: an urgent job that is ready late then waits behind one part, not a whole piece."""
-    out: list[PlanPiece] = []
+    out: list[JobPiece] = []
     for j, start, w in pieces:
         k = max(1, math.ceil(w / max_piece_us)) if max_piece_us > 0 else 1
         out.extend((j, start + i * w / k, w / k) for i in range(k))
@@ -270,7 +270,7 @@ def grace_candidates(
     comm: CommModel,
     fractions: Sequence[float],
     slice_divisors: Sequence[int] = (),
-) -> list[Candidate]:
+) -> list[PieceCandidate]:
     """Largest tail first with slack at every preemption: job ``j`` preempts only
     ``f * release_j`` after its release, for each ``f`` in ``fractions``; and each such plan
     with its pieces sliced to at most ``longest job / d`` for each ``d`` in ``slice_divisors``.
@@ -279,11 +279,11 @@ def grace_candidates(
     grace proportional to it covers the same relative jitter everywhere. Slices bound how long
     a late urgent job waits when the grace is not enough (each slice pays ``alpha`` again).
     """
-    out: list[Candidate] = []
-    seen: set[tuple[PlanPiece, ...]] = set()
+    out: list[PieceCandidate] = []
+    seen: set[tuple[JobPiece, ...]] = set()
     longest = float(red.duration_us.max(initial=0.0))
 
-    def add(name: str, pieces: tuple[PlanPiece, ...]) -> None:
+    def add(name: str, pieces: tuple[JobPiece, ...]) -> None:
         if pieces not in seen:
             seen.add(pieces)
             out.append(_candidate(red, comm, name, pieces))
@@ -298,13 +298,13 @@ def grace_candidates(
 
 
 def _candidate(
-    red: Reduction, comm: CommModel, name: str, pieces: Sequence[PlanPiece]
-) -> Candidate:
+    red: Reduction, comm: CommModel, name: str, pieces: Sequence[JobPiece]
+) -> PieceCandidate:
     pieces = _sanitize(red, tuple(pieces))
-    return Candidate(name=name, pieces=pieces, replay_us=replay_pieces_us(red, comm, pieces))
+    return PieceCandidate(name=name, pieces=pieces, replay_us=replay_pieces_us(red, comm, pieces))
 
 
-def _sanitize(red: Reduction, pieces: tuple[PlanPiece, ...]) -> tuple[PlanPiece, ...]:
+def _sanitize(red: Reduction, pieces: tuple[JobPiece, ...]) -> tuple[JobPiece, ...]:
     """Merge the pieces of a fused group whose anchor has fewer bytes than the group has pieces.
 
     Such a piece would carry no byte of the anchor, become ready before the group's release,
@@ -323,7 +323,7 @@ def _sanitize(red: Reduction, pieces: tuple[PlanPiece, ...]) -> tuple[PlanPiece,
     return pieces
 
 
-def replay_pieces_us(red: Reduction, comm: CommModel, pieces: Sequence[PlanPiece]) -> float:
+def replay_pieces_us(red: Reduction, comm: CommModel, pieces: Sequence[JobPiece]) -> float:
     """``replay_us`` at job level: each piece is one call of its rounded byte count, ready at
     its job's release; a job completes with its last piece (Theorem 1 with the job's tail).
     Pieces of zero bytes are dropped, as ``units_from_pieces`` drops them."""
@@ -358,8 +358,8 @@ def replay_pieces_us(red: Reduction, comm: CommModel, pieces: Sequence[PlanPiece
 
 
 def retime_pieces(
-    red: Reduction, comm: CommModel, pieces: Sequence[PlanPiece]
-) -> tuple[PlanPiece, ...]:
+    red: Reduction, comm: CommModel, pieces: Sequence[JobPiece]
+) -> tuple[JobPiece, ...]:
     """Execute a slotted plan (the LP's) in continuous time: its completion order as priorities.
 
     Slot rounding moves releases and durations by up to a slot, so the LP's own piece times are
@@ -385,7 +385,7 @@ def retime_pieces(
     return tuple((j, s, max(e - s - alpha, 0.0)) for j, s, e in sol.pieces)
 
 
-def static_order_pieces(red: Reduction, key: Sequence[float]) -> tuple[PlanPiece, ...]:
+def static_order_pieces(red: Reduction, key: Sequence[float]) -> tuple[JobPiece, ...]:
     """One whole piece per job with priority ``key[j]`` (a non-preemptive static order)."""
     return tuple((j, float(key[j]), 1.0) for j in range(red.n_jobs))
 
@@ -397,7 +397,7 @@ def need_us(red: Reduction) -> list[float]:
     return [float(min(timing.need_us[timing.index[name]] for name in job)) for job in red.jobs]
 
 
-def merge_pieces(pieces: Sequence[PlanPiece], job: int, *, at: str) -> tuple[PlanPiece, ...]:
+def merge_pieces(pieces: Sequence[JobPiece], job: int, *, at: str) -> tuple[JobPiece, ...]:
     """``pieces`` with all of ``job``'s pieces fused into one at its first or last start."""
     mine = [p for p in pieces if p[0] == job]
     start = mine[0][1] if at == "first" else mine[-1][1]
@@ -412,18 +412,18 @@ def overhead_aware_candidates(
     red: Reduction,
     comm: CommModel,
     *,
-    base: Sequence[tuple[str, Sequence[PlanPiece]]] = (),
+    base: Sequence[tuple[str, Sequence[JobPiece]]] = (),
     include_exact: bool = True,
     merge_budget: int = 16,
-) -> list[Candidate]:
+) -> list[PieceCandidate]:
     """Every candidate plan, scored by ``replay_us``; the last element is the greedy-merged best.
 
     ``base`` adds plans from elsewhere (the LP). With ``alpha = 0`` the plain largest-tail-first
     plan is optimal and is always among the candidates.
     """
-    cands: list[Candidate] = [_candidate(red, comm, name, p) for name, p in base]
+    cands: list[PieceCandidate] = [_candidate(red, comm, name, p) for name, p in base]
     alpha = comm.alpha_us
-    seen: set[tuple[PlanPiece, ...]] = set()
+    seen: set[tuple[JobPiece, ...]] = set()
     if include_exact:
         longest = float(red.duration_us.max(initial=0.0))
         thetas = [0.0]
@@ -453,7 +453,9 @@ def overhead_aware_candidates(
     return cands
 
 
-def _greedy_merge(red: Reduction, comm: CommModel, cand: Candidate, budget: int) -> Candidate:
+def _greedy_merge(
+    red: Reduction, comm: CommModel, cand: PieceCandidate, budget: int
+) -> PieceCandidate:
     """Drop preemptions that do not pay: merge a split job's pieces while the replay improves."""
     counts: dict[int, int] = {}
     for j, _, _ in cand.pieces:

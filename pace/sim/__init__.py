@@ -7,7 +7,7 @@ the replay semantics of docs/schedule-format.md, which defines a schedule's
 
 from pace.sim.core import (
     CycleFusion,
-    Plan,
+    Decision,
     Policy,
     SimOptions,
     SimResult,
@@ -19,7 +19,7 @@ from pace.sim.policies import POLICIES, compare, layer_order, ready_order, simul
 __all__ = [
     "POLICIES",
     "CycleFusion",
-    "Plan",
+    "Decision",
     "Policy",
     "SimOptions",
     "SimResult",

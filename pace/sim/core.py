@@ -113,7 +113,7 @@ class CycleFusion:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Plan:
+class Decision:
     """What a policy decided for one trace: static units, or run-time cycle fusion."""
 
     units: tuple[Unit, ...] | None = None
@@ -125,18 +125,20 @@ class Plan:
 
     def __post_init__(self) -> None:
         if (self.units is None) == (self.cycle_fusion is None):
-            raise InputError("a Plan has exactly one of units and cycle_fusion", field="plan")
+            raise InputError(
+                "a Decision has exactly one of units and cycle_fusion", field="decision"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Policy:
-    """A named way to turn a trace into communication: ``build(analysis, options) -> Plan``.
+    """A named way to turn a trace into communication: ``build(analysis, options) -> Decision``.
 
     ``options`` are the caller's explicit options (a tuning policy searches under them).
     """
 
     name: str
-    build: Callable[[TraceAnalysis, SimOptions], Plan]
+    build: Callable[[TraceAnalysis, SimOptions], Decision]
     description: str = ""
 
 
@@ -144,8 +146,8 @@ def units_policy(units: Sequence[Unit], *, name: str = "units") -> Policy:
     """Replay exactly ``units`` (priorities as given) under the contract's semantics."""
     fixed = tuple(units)
 
-    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
-        return Plan(units=fixed)
+    def build(prep: TraceAnalysis, options: SimOptions) -> Decision:
+        return Decision(units=fixed)
 
     return Policy(name=name, build=build, description="replay of a fixed unit list")
 
@@ -284,15 +286,15 @@ def _simulate(
 ) -> SimResult:
     prep = analyze(trace)
     pol = as_policy(policy)
-    plan = pol.build(prep, options)
-    opts = options.over(plan.defaults).resolved()
+    decision = pol.build(prep, options)
+    opts = options.over(decision.defaults).resolved()
     credit = opts.credit
     credit_bytes = opts.credit_bytes
     barrier = bool(opts.barrier)
     serial = bool(opts.one_compute_stream)
 
     ch: channels.Channel
-    if plan.cycle_fusion is not None:
+    if decision.cycle_fusion is not None:
         if credit != 1 or credit_bytes is not None:
             raise InputError(
                 f"policy {pol.name!r} runs its units one at a time; credit must be 1",
@@ -300,14 +302,14 @@ def _simulate(
             )
         ch = channels.CycleFusionChannel(
             prep,
-            threshold_bytes=plan.cycle_fusion.threshold_bytes,
-            cycle_us=plan.cycle_fusion.cycle_us,
-            synchronous=plan.cycle_fusion.synchronous,
+            threshold_bytes=decision.cycle_fusion.threshold_bytes,
+            cycle_us=decision.cycle_fusion.cycle_us,
+            synchronous=decision.cycle_fusion.synchronous,
         )
         cu = None
     else:
-        assert plan.units is not None
-        cu = index_units(prep, plan.units, in_order=plan.in_order)
+        assert decision.units is not None
+        cu = index_units(prep, decision.units, in_order=decision.in_order)
         ch = channels.StaticChannel(cu, credit, credit_bytes)
 
     cache: dict[str, Any] = {}
@@ -354,6 +356,6 @@ def _simulate(
         comm_busy_us=float(busy),
         comm_end_us=float(comm_end),
         options=opts,
-        knobs=dict(plan.knobs),
+        knobs=dict(decision.knobs),
         _lazy=lazy,
     )

@@ -21,7 +21,7 @@ from pace.ir import Schedule, Slice, Trace, Unit
 from pace.sim import tuning
 from pace.sim.core import (
     CycleFusion,
-    Plan,
+    Decision,
     Policy,
     SimOptions,
     SimResult,
@@ -159,8 +159,8 @@ def partition_count(prep: TraceAnalysis, partition_bytes: int) -> int:
 def fifo() -> Policy:
     """WFBP: each gradient all-reduced alone as soon as it is ready, in ready order; barrier."""
 
-    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
-        return Plan(units=_one_unit_per_tensor(prep, prep.ready_order), defaults=_BARRIER)
+    def build(prep: TraceAnalysis, options: SimOptions) -> Decision:
+        return Decision(units=_one_unit_per_tensor(prep, prep.ready_order), defaults=_BARRIER)
 
     return Policy(name="fifo", build=build, description="WFBP: one unit per tensor, ready order")
 
@@ -186,8 +186,8 @@ def horovod(
         threshold_bytes=threshold_bytes, cycle_us=cycle_us, synchronous=synchronous
     )
 
-    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
-        return Plan(
+    def build(prep: TraceAnalysis, options: SimOptions) -> Decision:
+        return Decision(
             cycle_fusion=fusion,
             defaults=_BARRIER,
             knobs={
@@ -248,7 +248,7 @@ def ddp(
     if bucket_cap_bytes < 1 or first_bucket_bytes < 1:
         raise InputError("bucket sizes must be >= 1 byte", field="bucket_cap_bytes")
 
-    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
+    def build(prep: TraceAnalysis, options: SimOptions) -> Decision:
         buckets = ddp_buckets(
             prep, prep.ready_order, cap_bytes=bucket_cap_bytes, first_bytes=first_bucket_bytes
         )
@@ -256,7 +256,7 @@ def ddp(
             Unit(priority=float(b), slices=tuple(_whole(prep, k) for k in bucket))
             for b, bucket in enumerate(buckets)
         )
-        return Plan(
+        return Decision(
             units=units,
             defaults=_BARRIER,
             in_order=True,
@@ -273,8 +273,8 @@ def ddp(
 def tictac() -> Policy:
     """TicTac: whole tensors, ordered by when the next forward pass needs them; no barrier."""
 
-    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
-        return Plan(units=_one_unit_per_tensor(prep, layer_order(prep)))
+    def build(prep: TraceAnalysis, options: SimOptions) -> Decision:
+        return Decision(units=_one_unit_per_tensor(prep, layer_order(prep)))
 
     return Policy(name="tictac", build=build, description="order by forward need, no partition")
 
@@ -282,8 +282,8 @@ def tictac() -> Policy:
 def p3(*, slice_bytes: int = P3_SLICE_BYTES) -> Policy:
     """P3: 160 KB slices, priority by layer, one slice in flight (stop-and-wait); no barrier."""
 
-    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
-        return Plan(
+    def build(prep: TraceAnalysis, options: SimOptions) -> Decision:
+        return Decision(
             units=partition_units(prep, layer_order(prep), slice_bytes),
             defaults=SimOptions(credit=1),
             knobs={"slice_bytes": slice_bytes},
@@ -318,8 +318,8 @@ def bytescheduler(
         else SimOptions(credit_bytes=credit_bytes)
     )
 
-    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
-        return Plan(
+    def build(prep: TraceAnalysis, options: SimOptions) -> Decision:
+        return Decision(
             units=partition_units(prep, layer_order(prep), partition_bytes),
             defaults=defaults,
             knobs={
@@ -346,7 +346,7 @@ def bytescheduler_tuned(
     option, if any, pins the credit.
     """
 
-    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
+    def build(prep: TraceAnalysis, options: SimOptions) -> Decision:
         order = layer_order(prep)
         grid_credits = (options.credit,) if options.credit is not None else credits
         parts = [p for p in partitions_bytes if partition_count(prep, p) <= TUNE_MAX_UNITS]
@@ -360,7 +360,7 @@ def bytescheduler_tuned(
         else:
             best = _grid_fast(prep, options, order, parts, grid_credits)
         credit_best = best[2]
-        return Plan(
+        return Decision(
             units=partition_units(prep, order, -best[3]),
             defaults=SimOptions(credit=credit_best),
             knobs={
@@ -432,9 +432,9 @@ def _grid_fast(
     return best
 
 
-def _fixed(units: tuple[Unit, ...]) -> Callable[[TraceAnalysis, SimOptions], Plan]:
-    def build(prep: TraceAnalysis, options: SimOptions) -> Plan:
-        return Plan(units=units)
+def _fixed(units: tuple[Unit, ...]) -> Callable[[TraceAnalysis, SimOptions], Decision]:
+    def build(prep: TraceAnalysis, options: SimOptions) -> Decision:
+        return Decision(units=units)
 
     return build
 
