@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -157,7 +159,7 @@ def profile(
         base_meta["uninstrumented_forward_us"] = float(np.median([f for f, _ in plain]))
         base_meta["uninstrumented_backward_us"] = float(np.median([b for _, b in plain]))
     base_meta.update(meta or {})
-    return build_window(
+    trace = build_window(
         records,
         params=params,
         comm=comm,
@@ -167,6 +169,41 @@ def profile(
         subtract_bookkeeping=clk.name == "host",
         meta=base_meta,
     )
+    return _check_device_bound(trace, clk.name)
+
+
+# Instrumented passes slower than this times the plain ones: the recorder, not the device, set
+# the pace (see _check_device_bound).
+HOST_BOUND_RATIO = 1.5
+
+
+def _check_device_bound(trace: Trace, clock_name: str) -> Trace:
+    """On a GPU, warn when the recorder's host work made the device wait.
+
+    CUDA events time the stream, and the stream idles whenever the host has not launched the
+    next kernel yet. The recorder costs tens of microseconds of Python per aten op, so with
+    short kernels the device waits for it and every duration becomes host time (measured on an
+    H100: ResNet-50 at batch 32, each op 2-4x its kernels' time; docs/gpu.md). The ratio of the
+    instrumented to the plain passes says whether that happened; it is kept in
+    ``meta["instrumented_over_plain"]``.
+    """
+    meta = trace.meta
+    plain = (meta.get("uninstrumented_forward_us") or 0.0) + (
+        meta.get("uninstrumented_backward_us") or 0.0
+    )
+    if clock_name != "cuda-events" or plain <= 0:
+        return trace
+    ratio = (float(meta["forward_wall_us"]) + float(meta["backward_wall_us"])) / plain
+    if ratio > HOST_BOUND_RATIO:
+        warnings.warn(
+            f"pace profile: the instrumented passes took {ratio:.1f}x the plain ones on the "
+            "GPU: the recorder's host work, not the device, set their pace, so op durations "
+            "are host-bound (too long). Use a larger batch, or record with torch.profiler and "
+            "`pace import --timing device` (docs/import.md) for kernel times",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return dataclasses.replace(trace, meta={**meta, "instrumented_over_plain": round(ratio, 3)})
 
 
 def _load_average() -> float | None:
@@ -185,12 +222,15 @@ def _plain_iteration(
     """(forward_us, backward_us) of one iteration without any instrumentation (host clock)."""
     for _, p in trainable:
         p.grad = None
-    on_cuda = _device_of(model).startswith("cuda")
+    device = _device_of(model)
+    on_cuda = device.startswith("cuda")
 
     def sync() -> None:
         if on_cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
 
+    # The previous iteration's optimizer kernels may still be running: not this forward's time.
+    sync()
     t0 = time.perf_counter()
     loss = _call_step(step_fn, model)
     sync()

@@ -43,27 +43,40 @@ class HostClock:
 
 
 class CudaEventClock:
-    """CUDA events on the current stream: device time, unaffected by host-side launch overhead.
+    """CUDA events on the current stream of the model's device: device time, unaffected by
+    host-side launch overhead.
 
-    Not exercised on this project's CI machine (no GPU); see docs/profiler.md.
+    ``device`` (``cuda``, ``cuda:N``; default the current device) is the device whose current
+    stream the events are recorded on: with ``--device cuda:1`` the thread's current device may
+    still be 0, and an event recorded there would time nothing the model runs. Checked on an
+    H100 (docs/gpu.md).
     """
 
     name = "cuda-events"
 
-    def __init__(self) -> None:
+    def __init__(self, device: str | None = None) -> None:
         import torch
 
         self._torch = torch
+        self._device = device
 
     def mark(self) -> Any:
         ev = self._torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        ev.record()
+        if self._device is None:
+            ev.record()
+        else:
+            # The current stream of the model's device, in the calling thread: autograd's
+            # device thread (backward hooks) has it set to the forward's stream.
+            ev.record(self._torch.cuda.current_stream(self._device))
         return ev
 
     def resolve(self, marks: Sequence[Any]) -> list[float]:
         if not marks:
             return []
-        self._torch.cuda.synchronize()
+        if self._device is None:
+            self._torch.cuda.synchronize()
+        else:
+            self._torch.cuda.synchronize(self._device)
         base = marks[0]
         # elapsed_time is in milliseconds with ~0.5 us resolution.
         return [float(base.elapsed_time(m)) * 1e6 for m in marks]
@@ -72,5 +85,5 @@ class CudaEventClock:
 def clock_for(device: str) -> Clock:
     """The clock that measures ops on ``device`` (``cpu`` or ``cuda[:n]``)."""
     if device.startswith("cuda"):
-        return CudaEventClock()
+        return CudaEventClock(device)
     return HostClock()

@@ -469,11 +469,13 @@ class Recorder:
         finally:
             self._hooks = None
         t_bw_end = clock.mark()
-        t_opt = 0.0
+        # The optimizer is stamped on the same clock: on a GPU its kernels run after step()
+        # returns, so a host timer would measure only their launches.
+        t_opt_start = t_opt_end = t_bw_end
         if optimizer_step is not None:
-            h0 = time.perf_counter_ns()
+            t_opt_start = clock.mark()
             optimizer_step()
-            t_opt = float(time.perf_counter_ns() - h0)
+            t_opt_end = clock.mark()
 
         # Resolve all stamps in one go (one device synchronisation on CUDA).
         fw_marks: list[Any] = []
@@ -482,16 +484,18 @@ class Recorder:
         bw_marks: list[Any] = []
         for nid in hooks.order:
             bw_marks += [hooks.start[nid], hooks.end.get(nid, hooks.start[nid])]
-        ns = clock.resolve([t_begin, t_fw_end, t_bw_start, t_bw_end, *fw_marks, *bw_marks])
+        ns = clock.resolve(
+            [t_begin, t_fw_end, t_bw_start, t_bw_end, t_opt_start, t_opt_end, *fw_marks, *bw_marks]
+        )
         rec = IterationRecord(
             fw=mode.ops,
             fw_seq=mode.seq,
             forward_end_ns=ns[1],
             backward_start_ns=ns[2],
             backward_end_ns=ns[3],
-            optimizer_ns=t_opt,
+            optimizer_ns=max(ns[5] - ns[4], 0.0),
         )
-        k = 4
+        k = 6
         rec.fw_start_ns = ns[k : k + len(fw_marks) : 2]
         rec.fw_end_ns = ns[k + 1 : k + len(fw_marks) : 2]
         k += len(fw_marks)

@@ -103,6 +103,8 @@ class Engine:
         reporter: Reporter | None = None,
     ) -> None:
         self.params = list(params)
+        # Where the runtime's own buffers live (readiness probes): the parameters' device.
+        self._device = self.params[0].device if self.params else torch.device("cpu")
         self._name = f"pace.{next(_ENGINE_IDS)}"
         # sync: backward() returns with every gradient reduced and no update is applied here
         # (the user's step() does it); otherwise each update is applied as soon as it can be.
@@ -155,6 +157,8 @@ class Engine:
         # switch never mixes the piece counts of two plans.
         self._remaining: dict[tuple[int, int], int] = {}
         self._in_flight_bytes = 0
+        # What the dispatcher waits for in _wait_marked: (parameters, iteration), or None.
+        self._wanted: tuple[Sequence[int], int] | None = None
         self._error: RuntimeReplayError | None = None
         self._stop = False
         self._closed = False
@@ -215,7 +219,18 @@ class Engine:
             self._record(i)
             self._used.setdefault(k, [False] * len(self.params))[i] = True
             self.marks[i] = k + 1
-            self._cv.notify_all()
+            # Only the dispatcher waits for marks. Waking it for every gradient (hundreds per
+            # iteration) costs a GIL hand-over each time, on the backward pass's own thread;
+            # wake it when what it waits for is complete (the first mark of an iteration, any
+            # mark in the online mode, the last parameter of the unit it waits for).
+            wanted = self._wanted
+            if (
+                first
+                or self.mode == "online"
+                or wanted is None
+                or (wanted[1] == k and all(self.marks[j] > k for j in wanted[0]))
+            ):
+                self._cv.notify_all()
         if first and self.sync:
             # Runs when this backward pass ends, on its thread: backward() returns only once
             # every gradient is reduced (what DDP's reducer does with the same callback).
@@ -466,6 +481,11 @@ class Engine:
     def _guard(self, body: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
             try:
+                if self._device.type == "cuda":
+                    # The current CUDA device is per thread (0 in a new one): make it the
+                    # parameters', so whatever this thread allocates or launches without an
+                    # explicit device lands there (a rank on cuda:3 of an 8-GPU node).
+                    torch.cuda.set_device(self._device)
                 body()
             except _StoppedError:
                 pass
@@ -485,10 +505,15 @@ class Engine:
 
     def _wait_marked(self, params: Sequence[int], k: int) -> None:
         with self._cv:
-            while not all(self.marks[i] > k for i in params):
-                if self._stop:
-                    raise _StoppedError
-                self._cv.wait()
+            # mark_ready wakes this thread only when the last of these is marked.
+            self._wanted = (params, k)
+            try:
+                while not all(self.marks[i] > k for i in params):
+                    if self._stop:
+                        raise _StoppedError
+                    self._cv.wait()
+            finally:
+                self._wanted = None
             if self._stop:
                 raise _StoppedError
 
@@ -536,9 +561,10 @@ class Engine:
         at = 0
         for v in views:
             n = v.numel()
-            buf[at : at + n].copy_(v)
             copy_back.append((v, at, at + n))
             at += n
+        # One call (one kernel on a GPU) for the whole unit rather than one per piece.
+        torch.cat(views, out=buf[:at])
         return buf, copy_back, (at if extra else -1)
 
     def _issue(
@@ -557,7 +583,8 @@ class Engine:
         n = len(self.params)
         extra = n * (int(bitmap) + int(used))
         if unit is None:
-            buf = torch.empty(extra, dtype=torch.float32)
+            # On the parameters' device: NCCL reduces CUDA tensors only.
+            buf = torch.empty(extra, dtype=torch.float32, device=self._device)
             copy_back: list[Any] = []
             extra_at = 0
         else:
@@ -573,7 +600,14 @@ class Engine:
                 # hook (used) or by closing the iteration (unused).
                 values += [1.0 if u else 0.0 for u in self._used.get(k, [False] * n)]
         if values:
-            buf[extra_at:] = torch.tensor(values, dtype=buf.dtype)
+            src = torch.tensor(values, dtype=buf.dtype)
+            if buf.is_cuda:
+                # From pinned memory, asynchronously: a copy from pageable memory would block
+                # this thread until the device has run everything queued before it (the rest
+                # of the backward pass). The host allocator keeps the block until the copy ran.
+                buf[extra_at:].copy_(src.pin_memory(), non_blocking=True)
+            else:
+                buf[extra_at:] = src
         nbytes = buf.numel() * buf.element_size()
         flight = _Flight(
             iteration=k,
@@ -734,15 +768,21 @@ class Engine:
                 self._last_done_s = now
                 self._monitor.on_unit_done(f.unit.index, f.nbytes, (now - start) * 1e6)
             self._chaos(rng)
-            for view, a, b in f.copy_back:
-                view.copy_(f.buf[a:b])
+            if f.copy_back:
+                # One call for the whole unit (on a GPU one launch, not one per piece).
+                torch._foreach_copy_(
+                    [view for view, _, _ in f.copy_back], [f.buf[a:b] for _, a, b in f.copy_back]
+                )
             n_params = len(self.params)
             if f.bitmap_at >= 0:
                 threshold = 1.0 - 0.5 / self.backend.size
                 bits = f.buf[f.bitmap_at : f.bitmap_at + n_params].tolist()
                 f.agreed = [v >= threshold for v in bits]
-            if f.used_at >= 0:
-                # The average is > 0 exactly for the parameters some rank used.
+            if f.used_at >= 0 and self._unused_local.get(f.iteration):
+                # The average is > 0 exactly for the parameters some rank used. Read only when
+                # this rank has parameters it did not use: for the others the answer is known
+                # (used, here), and reading it on a GPU would block this thread until the
+                # device finished the reduction, so the next forward could not be queued ahead.
                 used = f.buf[f.used_at : f.used_at + n_params].tolist()
                 self._global_used[f.iteration] = [v > 0 for v in used]
             if self.mode == "replay":
