@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pace.errors import InputError, SolverError
-from pace.ir import SCHEDULE_MODES, FusionPlan, Schedule, ScheduleMode, Trace
+from pace.ir import SCHEDULE_MODES, FusionPlan, Schedule, ScheduleMode, Trace, Unit
 from pace.options import FUSION_METHODS, SOLVERS, FusionMethod, Solver
 
 
@@ -149,13 +149,22 @@ def _fuse_and_schedule(
     from pace.fusion import fuse
     from pace.lp import schedule as lp_schedule
 
+    t = time.perf_counter()
+    references = reference_units(compiled)
+
     def schedule(plan: FusionPlan, *, solver: Solver) -> Schedule:
         return lp_schedule(
-            compiled, plan, solver=solver, robust=robust, robust_tolerance=tol
+            compiled,
+            plan,
+            solver=solver,
+            robust=robust,
+            robust_tolerance=tol,
+            references=references,
         ).schedule
 
-    t = time.perf_counter()
-    outcome = fuse(compiled, method=fusion, robust=robust, robust_tolerance=tol)
+    outcome = fuse(
+        compiled, method=fusion, robust=robust, robust_tolerance=tol, references=references
+    )
     plan = outcome.plan
     stages["fusion"] = time.perf_counter() - t
 
@@ -182,6 +191,27 @@ def _fuse_and_schedule(
                 sched = exact
     stages["schedule"] = time.perf_counter() - t
     return sched, plan
+
+
+def reference_units(trace: Trace) -> dict[str, tuple[Unit, ...]]:
+    """The baselines whose own unit lists the scheduler takes as candidates, so the compiled
+    schedule never replays slower than they do: P3's (fixed-size slices in layer order, one
+    call in flight: the contract's own replay). Needed only with a per-call latency (with
+    ``alpha = 0`` largest tail first is optimal); none over the simulator's unit limit (then
+    P3 is no baseline either). The FIFO and TicTac orders are the scheduler's own candidates;
+    fusing baselines are the fusion stage's match."""
+    if trace.comm.alpha_us <= 0:
+        return {}
+    from pace.analysis import analyze
+    from pace.errors import LimitError
+    from pace.sim import SimOptions
+    from pace.sim.policies import p3
+
+    try:
+        units = p3().build(analyze(trace), SimOptions()).units
+    except LimitError:
+        return {}
+    return {"p3": units} if units is not None else {}
 
 
 def best_lower_bound_us(trace: Trace) -> tuple[float, str]:

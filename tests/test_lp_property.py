@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pace.compiler import reference_units
 from pace.ir import FusionPlan, Trace
 from pace.lp import lower_bound_us, reduction, schedule, slot_instance, solve_exact, solve_lp
 from pace.sim import compare, simulate
@@ -91,7 +92,7 @@ shares bandwidth, i.e. preempts without paying alpha again, which one channel ca
 @settings(max_examples=300)
 @given(traces(max_layers=10))
 def test_overhead_aware_never_worse_than_one_at_a_time_baselines(trace: Trace) -> None:
-    s = schedule(trace).schedule
+    s = schedule(trace, references=reference_units(trace)).schedule
     verify_schedule(s, trace)
     res = compare(trace, policies=ONE_AT_A_TIME)
     for name in ONE_AT_A_TIME:

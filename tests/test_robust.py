@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from benchmarks.drift_scenario import balance_compute
 from pace.cli import main
-from pace.compiler import compile_trace
+from pace.compiler import compile_trace, reference_units
 from pace.io import load_schedule, save_trace
 from pace.ir import Trace
 from pace.lp import (
@@ -116,8 +116,9 @@ def test_jittered_replay_matches_the_simulator_on_a_jittered_trace() -> None:
 @given(traces(max_layers=10), st.sampled_from([0.0, 10.0, 50.0]))
 def test_robust_choice_keeps_the_nominal_guarantees(trace: Trace, alpha_us: float) -> None:
     trace = dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, alpha_us=alpha_us))
-    plain = schedule(trace).schedule
-    robust = schedule(trace, robust=True).schedule
+    refs = reference_units(trace)  # P3's units, as the compiler hands them in
+    plain = schedule(trace, references=refs).schedule
+    robust = schedule(trace, robust=True, references=refs).schedule
     verify_schedule(robust, trace)
     # The contract: the prediction is the simulator's replay of exactly this file.
     assert robust.predicted_iteration_us == pytest.approx(

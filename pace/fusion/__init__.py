@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,7 @@ from pace.fusion.chain import Chain, ChainOracle, FusionOracle, build_chain
 from pace.fusion.maxmin import max_min_bisect, max_min_dp, max_min_table
 from pace.fusion.paper import FULL_ENUMERATION_MAX, RSweep, sweep_r
 from pace.fusion.search import SearchResult, search_fusion
-from pace.ir import FusionPlan, Trace
+from pace.ir import FusionPlan, Trace, Unit
 from pace.options import FUSION_METHODS as METHODS
 from pace.options import FusionMethod as Method
 from pace.options import MaxMinAlgorithm
@@ -120,8 +121,12 @@ def fuse(
     verify_top: int = 3,
     robust: bool | None = None,
     robust_tolerance: float | None = None,
+    references: Mapping[str, Sequence[Unit]] | None = None,
 ) -> FusionOutcome:
-    """:func:`plan_fusion`, also returning the verified schedule (saves the compiler a solve)."""
+    """:func:`plan_fusion`, also returning the verified schedule (saves the compiler a solve).
+
+    ``references``: baselines' unit lists handed to ``pace.lp.schedule`` (the compiler's
+    guarantee against them)."""
     if method not in METHODS:
         raise InputError(f"must be one of {', '.join(METHODS)}, got {method!r}", field="method")
     if method == "none":
@@ -130,7 +135,9 @@ def fuse(
         plan = FusionPlan.singletons(trace)
         plan = FusionPlan(groups=plan.groups, method=str(method), details={"n_groups": 1})
         sched = (
-            _schedule_exact(trace, plan, robust, robust_tolerance) if method == "search" else None
+            _schedule_exact(trace, plan, robust, robust_tolerance, references)
+            if method == "search"
+            else None
         )
         return FusionOutcome(plan=plan, schedule=sched)
     chain = build_chain(trace)
@@ -196,7 +203,7 @@ def fuse(
             plan = FusionPlan.singletons(trace)
         else:
             plan = chain.plan(cand.starts, method="search", details={})
-        sched = _schedule_exact(trace, plan, robust and per_candidate, robust_tolerance)
+        sched = _schedule_exact(trace, plan, robust and per_candidate, robust_tolerance, references)
         replayed[cand.label] = sched.predicted_iteration_us
         verified.append((sched.predicted_iteration_us, rank, plan, sched))
     # Ties keep the oracle's ranking.
@@ -235,7 +242,7 @@ def fuse(
         _, _, best_plan, best_schedule = next(v for v in verified if v[1] == best_rank)
     elif robust and not per_candidate:
         refs = [us for us, rank, _, _ in verified if chosen[rank].label in ("none", paper_label)]
-        again = _schedule_exact(trace, best_plan, True, robust_tolerance)
+        again = _schedule_exact(trace, best_plan, True, robust_tolerance, references)
         # Keep the guarantee against the references (their replays were nominal).
         if again.predicted_iteration_us <= min(refs, default=math.inf):
             best_schedule = again
@@ -254,7 +261,11 @@ def fuse(
 
 
 def _schedule_exact(
-    trace: Trace, plan: FusionPlan, robust: bool | None, robust_tolerance: float | None
+    trace: Trace,
+    plan: FusionPlan,
+    robust: bool | None,
+    robust_tolerance: float | None,
+    references: Mapping[str, Sequence[Unit]] | None,
 ) -> ScheduleResult:
     from pace.lp import ROBUST_TOLERANCE, schedule
 
@@ -264,4 +275,5 @@ def _schedule_exact(
         solver="exact",
         robust=bool(robust),
         robust_tolerance=ROBUST_TOLERANCE if robust_tolerance is None else robust_tolerance,
+        references=references,
     )

@@ -16,16 +16,17 @@ compile pipeline falls back to ``solver="exact"`` on any :class:`~pace.errors.So
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pace.errors import InputError, LimitError
-from pace.ir import FusionPlan, Schedule, Trace, Unit
+import numpy as np
+
+from pace.errors import InputError
+from pace.ir import CommModel, FusionPlan, Schedule, Trace, Unit
 from pace.lp.exact import ExactSolution, solve_exact
 from pace.lp.extract import (
     PieceCandidate,
@@ -250,6 +251,7 @@ def schedule(
     robust_samples: int = ROBUST_SAMPLES,
     robust_sd: float = ROBUST_SD,
     robust_tolerance: float = ROBUST_TOLERANCE,
+    references: Mapping[str, Sequence[Unit]] | None = None,
 ) -> ScheduleResult:
     """The compiled schedule of ``trace`` under fusion ``plan`` (no fusion if ``None``).
 
@@ -269,6 +271,10 @@ def schedule(
     ``ScheduleResult.robust`` (and ``meta["robust"]``) records both choices' nominal and
     jittered values.
 
+    ``references``: baselines' own unit lists the schedule must not lose to (the compiler's
+    ``reference_units``: P3's); without fusion and with a per-call latency each is a candidate
+    and bounds the robust choice.
+
     Raises ``InputError`` for a bad trace/plan/option and, for ``solver="lp"``,
     ``InfeasibleError`` / ``SolverTimeoutError`` / ``SolverMissingError``.
 
@@ -279,7 +285,6 @@ def schedule(
     True
     """
     from pace.io import trace_digest
-    from pace.sim import simulate
 
     t0 = time.perf_counter()
     if not (time_limit_s > 0 and math.isfinite(time_limit_s)):
@@ -321,41 +326,30 @@ def schedule(
             continue
         seen.add(units)
         verified.append((replay_us(red, units), pos, cand, units))
-    p3_us = math.inf
-    p3_units: tuple[Unit, ...] = ()
+    ref_us = math.inf
+    ref_units: tuple[Unit, ...] = ()
+    ref_name = ""
     if singletons and trace.comm.alpha_us > 0:
-        # With a per-call latency our preemption choices are heuristic, and P3's fixed-size
-        # slices in layer order can win; its own unit list is then a candidate, so the
-        # compiled schedule is never worse than it. (FIFO and TicTac orders are candidates
-        # already; with alpha = 0 largest tail first is optimal.)
-        # Skip the (costly) P3 replay when even a free-preemption bound on it cannot win:
-        # every P3 slice pays alpha, so each tensor holds the channel alpha * slices + beta * S.
-        from pace.sim.policies import P3_SLICE_BYTES
-
-        slices = -(-red.size_bytes // P3_SLICE_BYTES)
-        p3_bound = solve_exact(
-            red.release_us,
-            trace.comm.alpha_us * slices + trace.comm.beta_us_per_byte * red.size_bytes,
-            red.tail_us,
-            compute_makespan_us=red.compute_makespan_us,
-        ).makespan_us
+        # With a per-call latency our preemption choices are heuristic, and a baseline's own
+        # unit list (the compiler hands them in: P3's fixed-size slices in layer order) can
+        # win; it is then a candidate. (FIFO and TicTac orders are candidates already; with
+        # alpha = 0 largest tail first is optimal.)
         best_us = min(v[0] for v in verified)
-        # A robust choice may cost up to the tolerance: it must not lose to P3 either.
+        # A robust choice may cost up to the tolerance: it must not lose to one either.
         reach_us = best_us * (1.0 + robust_tolerance) if robust else best_us
-        p3 = None
-        if p3_bound < reach_us:
-            # Over the simulator's unit limit P3 is no candidate (it is no baseline either).
-            with contextlib.suppress(LimitError):
-                p3 = simulate(trace, "p3")
-        if p3 is not None:
-            p3_us = p3.iteration_us
-            p3_units = tuple(p3.units)
-        if p3 is not None and p3.iteration_us < best_us:
-            units = tuple(p3.units)
-            sim_us = replay_us(red, units)
-            base_cand = PieceCandidate(name="baseline-p3", pieces=(), replay_us=sim_us)
-            cands.append(base_cand)
-            verified.append((sim_us, len(ranked), base_cand, units))
+        for name, given in (references or {}).items():
+            units = tuple(given)
+            # Skip the (costly) replay when even a free-preemption bound cannot win: every
+            # unit pays alpha, so each tensor holds the channel alpha * units + beta * S.
+            if _units_bound_us(red, trace.comm, units) >= reach_us:
+                continue
+            us = replay_us(red, units)
+            if us < ref_us:
+                ref_us, ref_units, ref_name = us, units, name
+            if us < best_us:
+                base_cand = PieceCandidate(name=f"baseline-{name}", pieces=(), replay_us=us)
+                cands.append(base_cand)
+                verified.append((us, len(ranked), base_cand, units))
     predicted, _, chosen, units = min(verified, key=lambda v: (v[0], v[1]))
     robust_choice: RobustChoice | None = None
     if robust:
@@ -366,7 +360,7 @@ def schedule(
             worlds,
             (predicted, chosen, units),
             robust_tolerance,
-            (p3_us, p3_units),
+            (ref_us, ref_units, ref_name),
         )
         info["robust"] = robust_choice.as_meta()
     info.update(
@@ -401,17 +395,18 @@ def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call sit
     worlds: JitterWorlds,
     nominal: tuple[float, PieceCandidate, tuple[Unit, ...]],
     tolerance: float,
-    p3: tuple[float, tuple[Unit, ...]],
+    reference: tuple[float, tuple[Unit, ...], str],
 ) -> tuple[float, PieceCandidate, tuple[Unit, ...], RobustChoice]:
     """``select_robust`` over this plan's candidates: nominally within ``tolerance`` of the best
-    and no worse than the FIFO / need-order candidates and P3's replay ``p3``, whose own units
-    are an option too (fixed-size slices are robust by nature)."""
+    and no worse than the FIFO / need-order candidates and the best baseline ``reference`` the
+    compiler handed in (its replay, units and name), whose own units are an option too (P3's
+    fixed-size slices are robust by nature)."""
     best_us, best_cand, best_units_ = nominal
-    p3_us, p3_units = p3
-    limit = min(best_us * (1.0 + tolerance), p3_us)
+    ref_us, ref_units, ref_name = reference
+    limit = min(best_us * (1.0 + tolerance), ref_us)
     # Never nominally worse than a baseline's own order (the schedule's guarantees).
     for c in cands:
-        if c.name in ("fifo-order", "need-order", "baseline-p3"):
+        if c.name in ("fifo-order", "need-order") or c.name.startswith("baseline-"):
             limit = min(limit, c.replay_us)
     limit = max(limit, best_us)
 
@@ -442,14 +437,14 @@ def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call sit
                     payload=(cand, units),
                 )
             )
-    if p3_units and p3_units not in seen:
-        p3_cand = PieceCandidate(name="baseline-p3", pieces=(), replay_us=p3_us)
+    if ref_units and ref_units not in seen:
+        ref_cand = PieceCandidate(name=f"baseline-{ref_name}", pieces=(), replay_us=ref_us)
         others.append(
             RobustOption(
-                nominal_us=p3_us,
-                mean_us=mean_of(p3_units),
+                nominal_us=ref_us,
+                mean_us=mean_of(ref_units),
                 rank=len(others),
-                payload=(p3_cand, p3_units),
+                payload=(ref_cand, ref_units),
             )
         )
     pick, mean_us = select_robust(first, others, limit)
@@ -463,6 +458,22 @@ def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call sit
         nominal_choice_jitter_mean_us=first.mean_us(),
     )
     return pick.nominal_us, cand, units, choice
+
+
+def _units_bound_us(red: Reduction, comm: CommModel, units: Sequence[Unit]) -> float:
+    """Free-preemption bound on the replay of ``units`` (jobs are single tensors): each job
+    holds the channel ``alpha`` per unit carrying it plus ``beta`` per byte."""
+    calls = np.zeros(red.n_jobs)
+    job = {names[0]: j for j, names in enumerate(red.jobs)}
+    for unit in units:
+        for name in {s.tensor for s in unit.slices}:
+            calls[job[name]] += 1
+    return solve_exact(
+        red.release_us,
+        comm.alpha_us * calls + comm.beta_us_per_byte * red.size_bytes,
+        red.tail_us,
+        compute_makespan_us=red.compute_makespan_us,
+    ).makespan_us
 
 
 def _split_jobs(cand: PieceCandidate) -> int:
