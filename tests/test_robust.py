@@ -27,7 +27,7 @@ from pace.lp import (
     schedule,
     solve_exact,
 )
-from pace.lp.extract import slice_pieces
+from pace.lp.candidates import slice_pieces
 from pace.sim import compare, schedule_policy, simulate
 from pace.synth import random_trace
 from pace.verify import verify_schedule

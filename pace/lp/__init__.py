@@ -16,27 +16,24 @@ compile pipeline falls back to ``solver="exact"`` on any :class:`~pace.errors.So
 
 from __future__ import annotations
 
-import functools
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from pace.errors import InputError
-from pace.ir import CommModel, FusionPlan, Schedule, Trace, Unit
-from pace.lp.exact import ExactSolution, solve_exact
-from pace.lp.extract import (
+from pace.ir import FusionPlan, Schedule, Trace, Unit
+from pace.lp.candidates import (
     PieceCandidate,
     grace_candidates,
     interfering,
     overhead_aware_candidates,
     replay_us,
     retime_pieces,
-    units_from_pieces,
+    units_bound_us,
 )
+from pace.lp.exact import ExactSolution, solve_exact
 from pace.lp.model import (
     BACKENDS,
     DEFAULT_MAX_SLOTS,
@@ -50,16 +47,18 @@ from pace.lp.model import (
 )
 from pace.lp.reduction import Reduction, reduction
 from pace.lp.robust import (
+    ROBUST_FULL_MAX_JOBS,
     ROBUST_SAMPLES,
     ROBUST_SD,
     ROBUST_TOLERANCE,
     JitterWorlds,
     RobustChoice,
-    RobustOption,
     jitter_worlds,
     jittered_replays_us,
+    robust_choice,
     select_robust,
 )
+from pace.lp.units import units_from_pieces
 from pace.options import SOLVERS, Solver
 
 __all__ = [
@@ -112,14 +111,6 @@ measurements behind it). :func:`schedule` itself defaults to the nominal optimum
 # ladder (longest job / d) applied to each.
 _GRACE_FRACTIONS = (0.0, 0.0025, 0.005, 0.01, 0.02)
 _SLICE_DIVISORS = (2, 4, 8, 16, 32)
-# Budget of unit replays (units x worlds, summed over candidates) for the robust selection:
-# every admissible candidate at small N, the best few by nominal replay at large N, where one
-# jittered replay of thousands of units is tens of milliseconds.
-_ROBUST_BUDGET = 400_000
-_ROBUST_MIN_POOL = 4
-# Above this many jobs the robust search is trimmed (a shorter ladder, the best two candidates
-# only) to keep compile time within the documented goals (< 10 s at 5,000 tensors).
-ROBUST_FULL_MAX_JOBS = 1000
 _GRACE_FRACTIONS_LARGE = (0.005, 0.02)
 _SLICE_DIVISORS_LARGE = (4, 16)
 
@@ -220,7 +211,7 @@ def best_units(
     if overhead_aware:
         cands = overhead_aware_candidates(red, comm, base=base, include_exact=solver == "exact")
     else:
-        from pace.lp.extract import _candidate, exact_pieces
+        from pace.lp.candidates import _candidate, exact_pieces
 
         if not base:
             base.append(("exact", exact_pieces(red, comm)))
@@ -341,7 +332,7 @@ def schedule(
             units = tuple(given)
             # Skip the (costly) replay when even a free-preemption bound cannot win: every
             # unit pays alpha, so each tensor holds the channel alpha * units + beta * S.
-            if _units_bound_us(red, trace.comm, units) >= reach_us:
+            if units_bound_us(red, trace.comm, units) >= reach_us:
                 continue
             us = replay_us(red, units)
             if us < ref_us:
@@ -351,10 +342,10 @@ def schedule(
                 cands.append(base_cand)
                 verified.append((us, len(ranked), base_cand, units))
     predicted, _, chosen, units = min(verified, key=lambda v: (v[0], v[1]))
-    robust_choice: RobustChoice | None = None
+    chosen_robust: RobustChoice | None = None
     if robust:
         worlds = jitter_worlds(trace, samples=robust_samples, sd=robust_sd)
-        predicted, chosen, units, robust_choice = _robust_choice(
+        predicted, chosen, units, chosen_robust = robust_choice(
             red,
             cands,
             worlds,
@@ -362,7 +353,7 @@ def schedule(
             robust_tolerance,
             (ref_us, ref_units, ref_name),
         )
-        info["robust"] = robust_choice.as_meta()
+        info["robust"] = chosen_robust.as_meta()
     info.update(
         {
             "chosen": chosen.name,
@@ -382,98 +373,8 @@ def schedule(
         schedule=sched,
         chosen=chosen.name,
         candidates_us=info["candidates_us"],
-        robust=robust_choice,
+        robust=chosen_robust,
     )
-
-
-_Choice = tuple[PieceCandidate, tuple[Unit, ...]]
-
-
-def _robust_choice(  # noqa: PLR0917 (private helper of schedule(), one call site)
-    red: Reduction,
-    cands: list[PieceCandidate],
-    worlds: JitterWorlds,
-    nominal: tuple[float, PieceCandidate, tuple[Unit, ...]],
-    tolerance: float,
-    reference: tuple[float, tuple[Unit, ...], str],
-) -> tuple[float, PieceCandidate, tuple[Unit, ...], RobustChoice]:
-    """``select_robust`` over this plan's candidates: nominally within ``tolerance`` of the best
-    and no worse than the FIFO / need-order candidates and the best baseline ``reference`` the
-    compiler handed in (its replay, units and name), whose own units are an option too (P3's
-    fixed-size slices are robust by nature)."""
-    best_us, best_cand, best_units_ = nominal
-    ref_us, ref_units, ref_name = reference
-    limit = min(best_us * (1.0 + tolerance), ref_us)
-    # Never nominally worse than a baseline's own order (the schedule's guarantees).
-    for c in cands:
-        if c.name in ("fifo-order", "need-order") or c.name.startswith("baseline-"):
-            limit = min(limit, c.replay_us)
-    limit = max(limit, best_us)
-
-    def mean_of(units: tuple[Unit, ...]) -> Callable[[], float]:
-        return functools.cache(lambda: sum(jittered_replays_us(worlds, units)) / worlds.samples)
-
-    first: RobustOption[_Choice] = RobustOption(
-        nominal_us=best_us, mean_us=mean_of(best_units_), rank=-1, payload=(best_cand, best_units_)
-    )
-    others: list[RobustOption[_Choice]] = []
-    seen = {best_units_}
-    pool = sorted(
-        (c for c in cands if c.pieces and c.replay_us <= limit), key=lambda c: c.replay_us
-    )
-    per_cand = max(1, len(best_units_) * worlds.samples)
-    n_pool = max(_ROBUST_MIN_POOL, _ROBUST_BUDGET // per_cand)
-    if red.n_jobs > ROBUST_FULL_MAX_JOBS:
-        n_pool = 2
-    for cand in pool[:n_pool]:
-        units = units_from_pieces(red, cand.pieces)
-        if units not in seen:
-            seen.add(units)
-            others.append(
-                RobustOption(
-                    nominal_us=replay_us(red, units),
-                    mean_us=mean_of(units),
-                    rank=len(others),
-                    payload=(cand, units),
-                )
-            )
-    if ref_units and ref_units not in seen:
-        ref_cand = PieceCandidate(name=f"baseline-{ref_name}", pieces=(), replay_us=ref_us)
-        others.append(
-            RobustOption(
-                nominal_us=ref_us,
-                mean_us=mean_of(ref_units),
-                rank=len(others),
-                payload=(ref_cand, ref_units),
-            )
-        )
-    pick, mean_us = select_robust(first, others, limit)
-    cand, units = pick.payload
-    choice = RobustChoice(
-        samples=worlds.samples,
-        tolerance=tolerance,
-        jitter_mean_us=mean_us,
-        nominal_choice=best_cand.name,
-        nominal_choice_us=best_us,
-        nominal_choice_jitter_mean_us=first.mean_us(),
-    )
-    return pick.nominal_us, cand, units, choice
-
-
-def _units_bound_us(red: Reduction, comm: CommModel, units: Sequence[Unit]) -> float:
-    """Free-preemption bound on the replay of ``units`` (jobs are single tensors): each job
-    holds the channel ``alpha`` per unit carrying it plus ``beta`` per byte."""
-    calls = np.zeros(red.n_jobs)
-    job = {names[0]: j for j, names in enumerate(red.jobs)}
-    for unit in units:
-        for name in {s.tensor for s in unit.slices}:
-            calls[job[name]] += 1
-    return solve_exact(
-        red.release_us,
-        comm.alpha_us * calls + comm.beta_us_per_byte * red.size_bytes,
-        red.tail_us,
-        compute_makespan_us=red.compute_makespan_us,
-    ).makespan_us
 
 
 def _split_jobs(cand: PieceCandidate) -> int:

@@ -16,6 +16,7 @@ the op DAG, vectorised across all worlds at once (numpy arrays of one value per 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,9 +29,13 @@ from pace.analysis import TraceAnalysis, analyze, compute_sweeps
 from pace.errors import InputError
 from pace.ir import Trace, Unit
 from pace.jitter import JitterModel
+from pace.lp.candidates import PieceCandidate, replay_us
+from pace.lp.reduction import Reduction
+from pace.lp.units import units_from_pieces
 from pace.replay import index_units, serial_replay, tensor_done_us, window_us
 
 __all__ = [
+    "ROBUST_FULL_MAX_JOBS",
     "ROBUST_SAMPLES",
     "ROBUST_SD",
     "ROBUST_SEED",
@@ -40,6 +45,7 @@ __all__ = [
     "RobustOption",
     "jitter_worlds",
     "jittered_replays_us",
+    "robust_choice",
     "select_robust",
 ]
 
@@ -52,6 +58,14 @@ ROBUST_TOLERANCE = 0.005
 """A robust choice may be at most this much (relative) slower nominally than the best."""
 
 FloatArray = npt.NDArray[np.float64]
+# Budget of unit replays (units x worlds, summed over candidates) for the robust selection:
+# every admissible candidate at small N, the best few by nominal replay at large N, where one
+# jittered replay of thousands of units is tens of milliseconds.
+_ROBUST_BUDGET = 400_000
+_ROBUST_MIN_POOL = 4
+# Above this many jobs the robust search is trimmed (a shorter ladder, the best two candidates
+# only) to keep compile time within the documented goals (< 10 s at 5,000 tensors).
+ROBUST_FULL_MAX_JOBS = 1000
 P = TypeVar("P")
 
 
@@ -190,3 +204,77 @@ def jittered_replays_us(worlds: JitterWorlds, units: Sequence[Unit]) -> list[flo
             window_us(float(worlds.compute_makespan_us[w]), done, worlds.tail_us[w].tolist())
         )
     return out
+
+
+_Choice = tuple[PieceCandidate, tuple[Unit, ...]]
+
+
+def robust_choice(  # noqa: PLR0917 (the scheduler's one call site)
+    red: Reduction,
+    cands: list[PieceCandidate],
+    worlds: JitterWorlds,
+    nominal: tuple[float, PieceCandidate, tuple[Unit, ...]],
+    tolerance: float,
+    reference: tuple[float, tuple[Unit, ...], str],
+) -> tuple[float, PieceCandidate, tuple[Unit, ...], RobustChoice]:
+    """``select_robust`` over this plan's candidates: nominally within ``tolerance`` of the best
+    and no worse than the FIFO / need-order candidates and the best baseline ``reference`` the
+    compiler handed in (its replay, units and name), whose own units are an option too (P3's
+    fixed-size slices are robust by nature)."""
+    best_us, best_cand, best_units_ = nominal
+    ref_us, ref_units, ref_name = reference
+    limit = min(best_us * (1.0 + tolerance), ref_us)
+    # Never nominally worse than a baseline's own order (the schedule's guarantees).
+    for c in cands:
+        if c.name in ("fifo-order", "need-order") or c.name.startswith("baseline-"):
+            limit = min(limit, c.replay_us)
+    limit = max(limit, best_us)
+
+    def mean_of(units: tuple[Unit, ...]) -> Callable[[], float]:
+        return functools.cache(lambda: sum(jittered_replays_us(worlds, units)) / worlds.samples)
+
+    first: RobustOption[_Choice] = RobustOption(
+        nominal_us=best_us, mean_us=mean_of(best_units_), rank=-1, payload=(best_cand, best_units_)
+    )
+    others: list[RobustOption[_Choice]] = []
+    seen = {best_units_}
+    pool = sorted(
+        (c for c in cands if c.pieces and c.replay_us <= limit), key=lambda c: c.replay_us
+    )
+    per_cand = max(1, len(best_units_) * worlds.samples)
+    n_pool = max(_ROBUST_MIN_POOL, _ROBUST_BUDGET // per_cand)
+    if red.n_jobs > ROBUST_FULL_MAX_JOBS:
+        n_pool = 2
+    for cand in pool[:n_pool]:
+        units = units_from_pieces(red, cand.pieces)
+        if units not in seen:
+            seen.add(units)
+            others.append(
+                RobustOption(
+                    nominal_us=replay_us(red, units),
+                    mean_us=mean_of(units),
+                    rank=len(others),
+                    payload=(cand, units),
+                )
+            )
+    if ref_units and ref_units not in seen:
+        ref_cand = PieceCandidate(name=f"baseline-{ref_name}", pieces=(), replay_us=ref_us)
+        others.append(
+            RobustOption(
+                nominal_us=ref_us,
+                mean_us=mean_of(ref_units),
+                rank=len(others),
+                payload=(ref_cand, ref_units),
+            )
+        )
+    pick, mean_us = select_robust(first, others, limit)
+    cand, units = pick.payload
+    choice = RobustChoice(
+        samples=worlds.samples,
+        tolerance=tolerance,
+        jitter_mean_us=mean_us,
+        nominal_choice=best_cand.name,
+        nominal_choice_us=best_us,
+        nominal_choice_jitter_mean_us=first.mean_us(),
+    )
+    return pick.nominal_us, cand, units, choice

@@ -13,9 +13,7 @@ when tensors are done. Three channels exist:
   in advance (Lemma 1). With credit 1 the fast path is the contract's own kernel,
   :func:`pace.replay.serial_replay`.
 
-Two drivers run them: :func:`drive_ideal` (release times known, compute never waits on the
-channel) and :func:`drive_joint` (ops and channel in one event loop; needed for one compute
-stream, also usable for ideal compute as an independent cross-check of the fast path).
+The drivers that run them are in ``pace.sim.drivers``.
 """
 
 from __future__ import annotations
@@ -23,11 +21,8 @@ from __future__ import annotations
 import heapq
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 from pace.analysis import TraceAnalysis
-from pace.errors import InputError
 from pace.ir import Interference, Slice, Unit
 from pace.replay import UnitArrays
 
@@ -127,6 +122,8 @@ class Channel(ABC):
     def set_rate(self, now: float, rate: float) -> None:
         """From ``now`` on, calls progress at ``rate`` of their full speed."""
 
+    call_extra_us: float
+
 
 class StaticChannel(Channel):
     """Fixed units; ``credit`` of them in flight share the bandwidth equally.
@@ -151,6 +148,8 @@ class StaticChannel(Channel):
         self.remaining: list[float] = []
         self.last = 0.0
         self.rate = 1.0
+        # Extra work (us at full speed) of a call issued now: set by the driver (interference).
+        self.call_extra_us = 0.0
         self.start = [_INF] * n
         self.finish = [_INF] * n
 
@@ -232,7 +231,7 @@ class StaticChannel(Channel):
             self.flight_bytes += self.cu.size_bytes[u]
             self.start[u] = now
             self.flight.append(u)
-            self.remaining.append(self.cu.cost_us[u])
+            self.remaining.append(self.cu.cost_us[u] + self.call_extra_us)
 
     def records(self) -> tuple[tuple[Unit, ...], list[float], list[float]]:
         return self.cu.units, self.start, self.finish
@@ -276,6 +275,7 @@ class CycleFusionChannel(Channel):
         self.synchronous = synchronous
         self.channel_free = 0.0
         self.rate = 1.0
+        self.call_extra_us = 0.0  # see StaticChannel
         alpha = float(prep.trace.comm.alpha_us)
         beta = float(prep.trace.comm.beta_us_per_byte)
         self.alpha = alpha
@@ -365,8 +365,8 @@ class CycleFusionChannel(Channel):
             self.start.append(t)
             cost = self.alpha + self.beta * nbytes
             self.nbytes.append(nbytes)
-            self.cost.append(cost)
-            t = t + cost / self.rate
+            self.cost.append(cost + self.call_extra_us)
+            t = t + self.cost[-1] / self.rate
             self.finish.append(t)
             self.batch.append((t, u))
         self.channel_free = t
@@ -409,175 +409,3 @@ class CycleFusionChannel(Channel):
             self.batch[pos] = (t, u)
         if self.batch_pos < len(self.batch):
             self.channel_free = t
-
-
-def _channel_step(ch: Channel, now: float) -> list[int]:
-    done = ch.advance(now)
-    if isinstance(ch, CycleFusionChannel):
-        ch.after_batch(now)
-    return done
-
-
-def drive_ideal(prep: TraceAnalysis, ch: Channel) -> list[float]:
-    """Replay ``ch`` with release times from the compute-only schedule; tensor done times."""
-    release = prep.release_us
-    order = prep.ready_order
-    n = len(order)
-    done_us = [_INF] * n
-    i = 0
-    while True:
-        tn = release[order[i]] if i < n else _INF
-        tc = ch.next_time()
-        t = tn if tn < tc else tc
-        if t == _INF:
-            break
-        while i < n and release[order[i]] == t:
-            ch.produce(order[i], t)
-            i += 1
-        for k in _channel_step(ch, t):
-            done_us[k] = t
-        ch.dispatch(t)
-    return done_us
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class JointResult:
-    op_start_us: list[float]
-    op_finish_us: list[float]
-    tensor_done_us: list[float]
-
-
-def drive_joint(
-    prep: TraceAnalysis,
-    ch: Channel,
-    *,
-    serial_compute: bool,
-    barrier: bool,
-    interference: Interference | None = None,
-) -> JointResult:
-    """Ops and channel in one event loop.
-
-    ``serial_compute``: ops run one at a time on one stream; when the stream is free it starts
-    the ready op that became ready earliest (ties in trace order). Otherwise every ready op
-    starts at once (ideal compute). ``barrier``: gated forward ops also wait for every tensor.
-    ``interference``: running ops progress at ``1 - ch.compute_loss(...)`` of their speed (the
-    trace's ``comm.interference``). Their progress is one clock, ``progress``, which runs at
-    that rate between events; an op finishes when the clock has advanced by its duration since
-    it started. Without interference the clock is real time.
-    """
-    n_ops = len(prep.op_names)
-    n_t = len(prep.tensor_names)
-    dur = prep.duration_us
-    blockers = [len(prep.deps[i]) + len(prep.consumes[i]) for i in range(n_ops)]
-    if barrier:
-        for i in range(n_ops):
-            if prep.gated[i]:
-                blockers[i] += 1
-    start = [_INF] * n_ops
-    finish = [_INF] * n_ops
-    done_us = [_INF] * n_t
-    tensors_left = n_t
-    events: list[tuple[float, int]] = []  # (progress clock at the op's finish, op)
-    ready_ops: list[tuple[float, int]] = []  # (ready time, op) for the serial stream
-    stream_busy = False
-    progress = 0.0
-    rate = 1.0 if interference is None else 1.0 - interference.idle_loss
-
-    def make_ready(i: int, now: float) -> None:
-        if serial_compute:
-            heapq.heappush(ready_ops, (now, i))
-        else:
-            start[i] = now
-            heapq.heappush(events, (progress + dur[i], i))
-
-    def release_barrier(now: float) -> None:
-        for i in range(n_ops):
-            if prep.gated[i]:
-                blockers[i] -= 1
-                if blockers[i] == 0:
-                    make_ready(i, now)
-
-    for i in range(n_ops):
-        if blockers[i] == 0:
-            make_ready(i, 0.0)
-    if barrier and tensors_left == 0:
-        release_barrier(0.0)
-
-    now = 0.0
-    while True:
-        if serial_compute and not stream_busy and ready_ops:
-            i = heapq.heappop(ready_ops)[1]
-            start[i] = now
-            heapq.heappush(events, (progress + dur[i], i))
-            stream_busy = True
-        t_op = _INF
-        if events:
-            t_op = events[0][0] if interference is None else now + (events[0][0] - progress) / rate
-        t_ch = ch.next_time()
-        t = t_op if t_op < t_ch else t_ch
-        if t == _INF:
-            break
-        # The clock reaches an op's finish exactly when that op is the next event.
-        progress = events[0][0] if t == t_op else progress + (t - now) * rate
-        if interference is None:
-            progress = t
-        now = t
-        while events and events[0][0] <= progress:
-            i = heapq.heappop(events)[1]
-            finish[i] = t
-            if serial_compute:
-                stream_busy = False
-            for k in prep.produces[i]:
-                ch.produce(k, t)
-            for c in prep.children[i]:
-                blockers[c] -= 1
-                if blockers[c] == 0:
-                    make_ready(c, t)
-        if t_ch == t:
-            for k in _channel_step(ch, t):
-                done_us[k] = t
-                tensors_left -= 1
-                for c in prep.consumers[k]:
-                    blockers[c] -= 1
-                    if blockers[c] == 0:
-                        make_ready(c, t)
-                if barrier and tensors_left == 0:
-                    release_barrier(t)
-        if isinstance(ch, CycleFusionChannel):
-            ch.after_batch(t)
-        ch.dispatch(t)
-        if interference is not None:
-            computing = stream_busy if serial_compute else bool(events)
-            ch.set_rate(t, 1.0 / (1.0 + interference.comm_stretch) if computing else 1.0)
-            rate = 1.0 - ch.compute_loss(t, interference)
-    stuck = [prep.op_names[i] for i in range(n_ops) if finish[i] == _INF]
-    if stuck:
-        raise InputError(f"ops never become ready: {stuck[:5]}", field="ops")
-    return JointResult(op_start_us=start, op_finish_us=finish, tensor_done_us=done_us)
-
-
-def ideal_op_times(
-    prep: TraceAnalysis, tensor_done_us: Sequence[float], gate_us: float | None
-) -> tuple[list[float], list[float]]:
-    """Op start/finish under ideal compute given tensor done times.
-
-    ``gate_us``: under a barrier, the time every gated op waits for (end of communication).
-    """
-    n = len(prep.op_names)
-    start = [0.0] * n
-    finish = [0.0] * n
-    deps = prep.deps
-    consumes = prep.consumes
-    dur = prep.duration_us
-    gated = prep.gated
-    for i in prep.topo:
-        s = 0.0
-        for j in deps[i]:
-            s = max(s, finish[j])
-        for k in consumes[i]:
-            s = max(s, tensor_done_us[k])
-        if gate_us is not None and gated[i] and gate_us > s:
-            s = gate_us
-        start[i] = s
-        finish[i] = s + dur[i]
-    return start, finish

@@ -42,7 +42,7 @@ from pace.checks import require_int
 from pace.errors import InputError
 from pace.ir import Schedule, Trace, Unit
 from pace.replay import index_units, serial_replay, tensor_done_us, window_us
-from pace.sim import channels
+from pace.sim import channels, drivers
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -177,7 +177,7 @@ class _Lazy:
     def op_times(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         got: tuple[tuple[float, ...], tuple[float, ...]] | None = self.cache.get("op")
         if got is None:
-            s, f = channels.ideal_op_times(self.prep, self.tensor_done_us, self.barrier_gate_us)
+            s, f = drivers.ideal_op_times(self.prep, self.tensor_done_us, self.barrier_gate_us)
             got = (tuple(s), tuple(f))
             self.cache["op"] = got
         return got
@@ -319,7 +319,7 @@ def _simulate(
     # Interference couples compute to communication, so releases are no longer fixed
     # (Lemma 1's split does not hold): ops and channel run in one event loop.
     if serial or force_event_loop or interference is not None:
-        joint = channels.drive_joint(
+        joint = drivers.drive_joint(
             prep, ch, serial_compute=serial, barrier=barrier, interference=interference
         )
         units, ustart, ufinish = ch.records()
@@ -337,7 +337,7 @@ def _simulate(
             units = cu.units
             done = tensor_done_us(cu, ufinish)
         else:
-            done = channels.drive_ideal(prep, ch)
+            done = drivers.drive_ideal(prep, ch)
             units, ustart, ufinish = ch.records()
         comm_end = max(ufinish, default=0.0)
         iteration = window_us(max(prep.critical_path_us, comm_end), done, prep.tail_us)
