@@ -314,11 +314,23 @@ def worker_interference(args: argparse.Namespace) -> None:
     """Compute lost to all-reduces beside it, every rank at once (pace.profiler.interference);
     each rank writes its own measurement to ``--out.RANK``."""
     import torch
+    from torch.nn import functional
 
     from pace.profiler.interference import measure_interference, probe_us
+    from pace.profiler.workloads import vgg_cifar
 
     torch.set_num_threads(1)
-    plain_us = probe_us()  # before the backend (and Horovod's background loop) starts
+    # The probe is the job's own computation: one forward and backward of the model, no
+    # communication (its cores, caches and memory traffic are what the all-reduces meet).
+    model = vgg_cifar(NUM_CLASSES)
+    x = torch.randn(args.batch, 3, 32, 32)
+    y = torch.randint(0, NUM_CLASSES, (args.batch,))
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        functional.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
+
+    plain_us = probe_us(step, reps=PROBE_REPS)  # before the backend (and its threads) start
     rank, _ = _init_backend(args.backend)
     if args.backend == "horovod":
         import horovod.torch as hvd
@@ -334,7 +346,12 @@ def worker_interference(args: argparse.Namespace) -> None:
     sizes = [int(x) for x in args.sizes.split(",")]
     calls = [int(x) for x in args.calls.split(",")]
     idle_us, samples = measure_interference(
-        allreduce, sizes_bytes=sizes, calls=calls, plain_us=plain_us
+        allreduce,
+        sizes_bytes=sizes,
+        calls=calls,
+        plain_us=plain_us,
+        probe=step,
+        idle_reps=PROBE_REPS,
     )
     out = {
         "plain_us": plain_us,
@@ -342,6 +359,19 @@ def worker_interference(args: argparse.Namespace) -> None:
         "samples": [dataclasses.asdict(x) for x in samples],
     }
     Path(f"{args.out}.{rank}").write_text(json.dumps(out))
+
+
+class UnitLog:
+    """A runtime monitor that keeps each unit's channel time (bytes, us)."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple[int, float]] = []
+
+    def on_grad_ready(self, tensor: int, t_us: float) -> None:
+        pass
+
+    def on_unit_done(self, unit_index: int, size_bytes: int, duration_us: float) -> None:
+        self.done.append((size_bytes, duration_us))
 
 
 def worker_train(args: argparse.Namespace) -> None:
@@ -381,9 +411,15 @@ def worker_train(args: argparse.Namespace) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return model, pace.runtime.wrap(
-                opt, model, schedule, backend=args.backend, sync=kind == "pace-sync"
+                opt,
+                model,
+                schedule,
+                backend=args.backend,
+                sync=kind == "pace-sync",
+                monitor=unit_logs.setdefault(kind, UnitLog()) if kind == "pace" else None,
             )
 
+    unit_logs: dict[str, UnitLog] = {}
     kinds = args.variants.split(",")
     runs = {k: make(k) for k in kinds}
 
@@ -410,6 +446,8 @@ def worker_train(args: argparse.Namespace) -> None:
             opt.close()
     if rank == 0:
         Path(args.out).write_text(json.dumps(periods))
+        for kind, log in unit_logs.items():  # what each unit held the channel for
+            Path(f"{args.out}.{kind}.units").write_text(json.dumps(log.done))
 
 
 # --------------------------------------------------------------------------- orchestration
@@ -462,7 +500,8 @@ def fit_link(link: Link, backend: str, trace: Any, tmp: Path, reps: int) -> Any:
 
 
 INTERFERENCE_SIZES = (256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
-INTERFERENCE_WINDOW_US = 800_000.0  # back-to-back calls of one size last about this long
+INTERFERENCE_WINDOW_US = 3_000_000.0  # back-to-back calls of one size last about this long
+PROBE_REPS = 7  # training steps timed alone (plain, idle); ~0.4 s each
 
 
 def fit_link_interference(
@@ -501,7 +540,8 @@ def fit_link_interference(
         + f"; fit {term.us_per_call:.1f} us/call + {term.us_per_byte * 2**20:.0f} us/MiB,"
         f" R^2 {r2:.3f}; calls beside compute take "
         + ", ".join(f"{x.call_us / x.alone_us:.2f}x" for x in samples if x.alone_us)
-        + f" (stretch {term.comm_stretch:.3f})"
+        + f" (fit: +{term.comm_us_per_call / 1e3:.2f} ms per call, stretch"
+        f" {term.comm_stretch:.3f})"
     )
     return term
 
@@ -652,6 +692,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     measured = _train(link, backend, sched_path, tmp, args)
                     ratio = statistics.median(measured["local"]) * 1e3 / independent["local"]
                     _say(f"    compute in the run / in the profile: {ratio:.3f}")
+                    _report_units(tmp / f"train-{backend}.json.pace.units", comm, result.schedule)
                     for variant, periods in measured.items():
                         q = statistics.quantiles(periods, n=4) if len(periods) > 1 else [0, 0, 0]
                         rows.append(
@@ -691,6 +732,21 @@ def _train(
         launch(link, backend, [*common, "--variants", ",".join(variants), "--out", str(path)], env)
         out |= {k: [float(v) for v in vs] for k, vs in json.loads(path.read_text()).items()}
     return out
+
+
+def _report_units(path: Path, comm: Any, schedule: Any) -> None:
+    """What the runtime's units held the channel for, against the cost model."""
+    if not path.exists():
+        return
+    done = json.loads(path.read_text())
+    extra = [us - comm.cost_us(b) for b, us in done]
+    per_iter = len(schedule.units)
+    _say(
+        f"    pace units: {len(done)} ({per_iter} per iteration); channel time minus the model's "
+        f"cost, per unit: median {statistics.median(extra) / 1e3:.2f} ms, mean "
+        f"{statistics.fmean(extra) / 1e3:.2f} ms; per iteration "
+        f"{statistics.fmean(extra) * per_iter / 1e3:.1f} ms"
+    )
 
 
 def _say(msg: str) -> None:

@@ -752,6 +752,7 @@ def _interference_from(r: _Reader, v: Any, path: str) -> Interference:
         us_per_call=num("us_per_call", _US),
         idle_loss=num("idle_loss", _FRACTION),
         comm_stretch=num("comm_stretch", _STRETCH),
+        comm_us_per_call=num("comm_us_per_call", _US),
         samples=tuple(samples),
     )
 
@@ -763,6 +764,7 @@ def _interference_to(term: Interference) -> dict[str, Any]:
         "us_per_call": _num_out(term.us_per_call),
         "idle_loss": _num_out(term.idle_loss),
         "comm_stretch": _num_out(term.comm_stretch),
+        "comm_us_per_call": _num_out(term.comm_us_per_call),
     }
     if term.samples:
         out["samples"] = [[int(b), _num_out(x)] for b, x in term.samples]

@@ -79,7 +79,9 @@ class Interference:
     over ``d`` (so it runs at ``1 - loss / d`` of its speed, never below ``1 -
     MAX_COMPUTE_LOSS``). ``idle_loss`` is the fraction lost with no call in flight (a backend's
     background loop polling). The other way round, a call progresses at ``1 / (1 +
-    comm_stretch)`` of its speed while any op computes (the cores that move the bytes are busy).
+    comm_stretch)`` of its speed while any op computes (the cores that move the bytes are busy),
+    and a call issued while ops compute takes ``comm_us_per_call`` longer (its threads wait for
+    a core, or for the interpreter lock, to issue and complete it).
     ``samples`` are the measured ``(bytes per call, loss fraction)`` points the fit came from.
     """
 
@@ -87,6 +89,7 @@ class Interference:
     us_per_call: float = 0.0
     idle_loss: float = 0.0
     comm_stretch: float = 0.0
+    comm_us_per_call: float = 0.0
     samples: tuple[tuple[int, float], ...] = ()
 
     def compute_loss(self, calls: Iterable[tuple[float, float]] = ()) -> float:
@@ -105,6 +108,7 @@ class Interference:
             or self.us_per_call > 0
             or self.idle_loss > 0
             or self.comm_stretch > 0
+            or self.comm_us_per_call > 0
         )
 
 

@@ -64,6 +64,15 @@ def test_communication_slows_beside_compute(policy: str) -> None:
     assert res.iteration_us == pytest.approx(140.0)
 
 
+@pytest.mark.parametrize("policy", ["tictac", "horovod"])
+def test_a_call_issued_beside_compute_takes_longer(policy: str) -> None:
+    """comm_us_per_call 20: w's call starts at 10 us while fw.a computes: 120 us of work."""
+    trace = with_term(overlap_trace(), Interference(comm_us_per_call=20.0))
+    res = simulate(trace, policy, options=SimOptions(barrier=False))
+    assert res.unit_finish_us[-1] == pytest.approx(130.0)
+    assert res.iteration_us == pytest.approx(135.0)
+
+
 def test_loss_is_capped() -> None:
     term = Interference(us_per_call=1e9)
     assert term.compute_loss([(1, 10.0)]) == pytest.approx(0.95)
@@ -107,14 +116,62 @@ def test_the_compiler_optimises_with_the_term(seed: int, per_byte: float) -> Non
 
 def test_fit_recovers_the_term() -> None:
     """Samples generated from a known term fit back to it."""
-    per_call, per_byte, idle = 40.0, 3e-3, 0.1
+    per_call, per_byte, idle, extra, stretch = 40.0, 3e-3, 0.1, 900.0, 0.05
     samples = []
     for size in (2**18, 2**20, 2**22, 2**24):
-        call_us = 50.0 + size * 8e-3
+        alone_us = 50.0 + size * 8e-3
+        call_us = extra + (1 + stretch) * alone_us
         loss = idle + (per_call + per_byte * size) / call_us
-        samples.append(InterferenceSample(size_bytes=size, call_us=call_us, loss=loss, probes=9))
+        samples.append(
+            InterferenceSample(
+                size_bytes=size, call_us=call_us, loss=loss, probes=9, alone_us=alone_us
+            )
+        )
     term, r2 = fit_interference(100.0, 100.0 / (1 - idle), samples)
     assert term.idle_loss == pytest.approx(idle)
     assert term.us_per_call == pytest.approx(per_call, rel=1e-6)
     assert term.us_per_byte == pytest.approx(per_byte, rel=1e-6)
+    assert term.comm_us_per_call == pytest.approx(extra, rel=1e-6)
+    assert term.comm_stretch == pytest.approx(stretch, rel=1e-6)
     assert r2 == pytest.approx(1.0)
+
+
+def test_the_term_round_trips_through_the_trace_format() -> None:
+    from pace.io import trace_from_dict, trace_to_dict
+
+    term = Interference(
+        us_per_byte=1e-3,
+        us_per_call=4.0,
+        idle_loss=0.1,
+        comm_stretch=0.3,
+        comm_us_per_call=900.0,
+        samples=((1024, 0.2),),
+    )
+    trace = with_term(overlap_trace(), term)
+    obj = trace_to_dict(trace)
+    assert obj["comm"]["interference"]["version"] == 1
+    assert trace_from_dict(obj).comm == trace.comm
+    # A trace without the term writes none and reads back without it (old files unchanged).
+    plain = trace_to_dict(overlap_trace())
+    assert "interference" not in plain["comm"]
+    assert trace_from_dict(plain).comm.interference is None
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("version", 2, "version 2 is not supported"),
+        ("idle_loss", 0.99, "must be <= 0.95"),
+        ("us_per_byte", -1, "must be >= 0"),
+        ("comm_stretch", "fast", "must be a number"),
+    ],
+)
+def test_a_bad_term_names_its_field(key: str, value: object, message: str) -> None:
+    from pace.errors import InputError
+    from pace.io import trace_from_dict, trace_to_dict
+
+    obj = trace_to_dict(with_term(overlap_trace(), Interference(idle_loss=0.1)))
+    obj["comm"]["interference"][key] = value
+    with pytest.raises(InputError, match=message) as info:
+        trace_from_dict(obj, where="t.json")
+    assert info.value.field == f"comm.interference.{key}"

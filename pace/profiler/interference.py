@@ -14,7 +14,8 @@ The probe's slowdown gives the fraction of compute progress lost, ``1 - plain / 
 model (:class:`pace.ir.Interference`) charges, while a call of ``b`` bytes holds the channel for
 ``d`` us, ``idle_loss + (us_per_call + us_per_byte * b) / d``; :func:`fit_interference` fits
 ``us_per_call`` and ``us_per_byte`` by non-negative least squares on ``(loss - idle_loss) * d``,
-and ``comm_stretch`` as the byte-weighted mean of ``beside / alone - 1``.
+and ``comm_us_per_call`` and ``comm_stretch`` the same way on ``beside - alone =
+comm_us_per_call + comm_stretch * alone``.
 """
 
 from __future__ import annotations
@@ -47,31 +48,41 @@ class InterferenceSample:
     alone_us: float = 0.0  # one call, nothing else running (0: not measured)
 
 
-def probe_us(reps: int = 40) -> float:
-    """Median time of the compute probe (one thread), in us."""
+def matmul_probe() -> Callable[[], None]:
+    """The default compute probe: a few products of 160x160 matrices on one thread."""
     import torch
 
-    a = torch.randn(_PROBE_N, _PROBE_N)
+    state = [torch.randn(_PROBE_N, _PROBE_N)]
     b = torch.randn(_PROBE_N, _PROBE_N)
+
+    def run() -> None:
+        a = state[0]
+        for _ in range(_PROBE_REPS):
+            a = torch.mm(a, b) * 1e-3
+        state[0] = a
+
+    return run
+
+
+def probe_us(probe: Callable[[], None] | None = None, reps: int = 40) -> float:
+    """Median time of one call of ``probe`` (default :func:`matmul_probe`), in us. A training
+    step of the model itself (forward and backward, no communication) is the most faithful
+    probe: it loads the cores and caches as the job does."""
+    run = probe or matmul_probe()
+    run()  # warm
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        for _ in range(_PROBE_REPS):
-            a = torch.mm(a, b) * 1e-3
+        run()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e6
 
 
-def _probe_while(alive: Callable[[], bool]) -> list[float]:
-    import torch
-
-    a = torch.randn(_PROBE_N, _PROBE_N)
-    b = torch.randn(_PROBE_N, _PROBE_N)
+def _probe_while(alive: Callable[[], bool], run: Callable[[], None]) -> list[float]:
     times = []
     while alive():
         t0 = time.perf_counter()
-        for _ in range(_PROBE_REPS):
-            a = torch.mm(a, b) * 1e-3
+        run()
         if alive():  # only probes that ran entirely while the bytes moved
             times.append(time.perf_counter() - t0)
     return times
@@ -83,13 +94,17 @@ def measure_interference(
     sizes_bytes: Sequence[int],
     calls: Sequence[int],
     plain_us: float,
+    probe: Callable[[], None] | None = None,
+    idle_reps: int = 40,
 ) -> tuple[float, list[InterferenceSample]]:
     """On this rank: the idle probe time and one sample per size (``calls[i]`` back-to-back
     all-reduces of ``sizes_bytes[i]``, the same counts on every rank). ``plain_us``: the probe
-    measured before the backend started. Every rank must call this at the same time."""
+    measured before the backend started; ``probe``: the compute timed (default: products of
+    small matrices). Every rank must call this at the same time."""
     import torch
 
-    idle_us = probe_us()
+    run = probe or matmul_probe()
+    idle_us = probe_us(run, reps=idle_reps)
     samples = []
     for size, n_calls in zip(sizes_bytes, calls, strict=True):
         buf = torch.ones(max(1, size // 4))
@@ -100,15 +115,15 @@ def measure_interference(
         alone_us = (time.perf_counter() - t0) * 1e6 / n_calls
         elapsed: list[float] = []
 
-        def run(buf: Any = buf, n_calls: int = n_calls, elapsed: list[float] = elapsed) -> None:
+        def comm(buf: Any = buf, n_calls: int = n_calls, elapsed: list[float] = elapsed) -> None:
             t0 = time.perf_counter()
             for _ in range(n_calls):
                 allreduce(buf)
             elapsed.append(time.perf_counter() - t0)
 
-        thread = threading.Thread(target=run, name="pace-interference-comm", daemon=True)
+        thread = threading.Thread(target=comm, name="pace-interference-comm", daemon=True)
         thread.start()
-        busy = _probe_while(thread.is_alive)
+        busy = _probe_while(thread.is_alive, run)
         thread.join()
         busy_us = statistics.median(busy) * 1e6 if busy else plain_us
         samples.append(
@@ -142,18 +157,23 @@ def fit_interference(
     pred = per_call + per_byte_scaled * x / scale
     ss_tot = float(((y - y.mean()) ** 2).sum()) if len(y) > 1 else 0.0
     r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+    # A call beside compute: (1 + comm_stretch) times its time alone, plus comm_us_per_call.
     timed = [s for s in samples if s.alone_us > 0]
-    weight = sum(s.size_bytes for s in timed)
-    stretch = (
-        sum(s.size_bytes * max(0.0, s.call_us / s.alone_us - 1.0) for s in timed) / weight
-        if weight
-        else 0.0
-    )
+    stretch = extra_us = 0.0
+    if timed:
+        alone = np.array([s.alone_us for s in timed], dtype=float)
+        slower = np.array([max(0.0, s.call_us - s.alone_us) for s in timed], dtype=float)
+        a_scale = float(alone.max())
+        (extra_us, stretch_scaled), _ = nnls(
+            np.column_stack([np.ones_like(alone), alone / a_scale]), slower
+        )
+        stretch = float(stretch_scaled) / a_scale
     term = Interference(
         us_per_byte=float(per_byte_scaled) / scale,
         us_per_call=float(per_call),
         idle_loss=idle_loss,
         comm_stretch=stretch,
+        comm_us_per_call=float(extra_us),
         samples=tuple((s.size_bytes, round(s.loss, 6)) for s in samples),
     )
     return term, r2
