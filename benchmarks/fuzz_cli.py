@@ -82,19 +82,11 @@ from pace.io import (  # noqa: E402
     trace_from_dict,
     trace_to_dict,
 )
+from pace.options import POLICY_NAMES  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
 MAX_LINE_CHARS = 300
-POLICIES = (
-    "fifo",
-    "horovod",
-    "horovod-old",
-    "ddp",
-    "tictac",
-    "p3",
-    "bytescheduler",
-    "bytescheduler-tuned",
-)
+POLICIES = POLICY_NAMES
 # A refusal for a documented work limit, allowed on valid input (docs/simulator.md, "Work limits").
 LIMIT_MARK = "docs/simulator.md, 'Work limits'"
 
