@@ -316,7 +316,7 @@ def worker_interference(args: argparse.Namespace) -> None:
     import torch
     from torch.nn import functional
 
-    from pace.profiler.interference import measure_interference, probe_us
+    from pace.profiler.interference import measure_on_rank, probe_us
     from pace.profiler.workloads import vgg_cifar
 
     torch.set_num_threads(1)
@@ -344,21 +344,18 @@ def worker_interference(args: argparse.Namespace) -> None:
             dist.all_reduce(buf)
 
     sizes = [int(x) for x in args.sizes.split(",")]
-    calls = [int(x) for x in args.calls.split(",")]
-    idle_us, samples = measure_interference(
+    call_us = [float(x) for x in args.calls.split(",")]
+    measure_on_rank(
         allreduce,
         sizes_bytes=sizes,
-        calls=calls,
+        call_us=call_us,
         plain_us=plain_us,
+        out=args.out,
+        rank=rank,
+        window_us=INTERFERENCE_WINDOW_US,
         probe=step,
         idle_reps=PROBE_REPS,
     )
-    out = {
-        "plain_us": plain_us,
-        "idle_us": idle_us,
-        "samples": [dataclasses.asdict(x) for x in samples],
-    }
-    Path(f"{args.out}.{rank}").write_text(json.dumps(out))
 
 
 class UnitLog:
@@ -509,29 +506,15 @@ def fit_link_interference(
 ) -> Any:
     """The link's interference term (``pace.ir.Interference``), measured in a launch with
     ``env`` (Horovod's settings change its background loop), averaged over both ranks."""
-    from pace.profiler.interference import InterferenceSample, fit_interference
+    from pace.profiler.interference import combine_ranks, fit_interference
 
-    calls = [
-        max(3, round(INTERFERENCE_WINDOW_US / comm.cost_us(size))) for size in INTERFERENCE_SIZES
-    ]
+    call_us = [comm.cost_us(size) for size in INTERFERENCE_SIZES]
     out = tmp / f"interference-{backend}-{tag}.json"
     argv = ["--role", "interference", "--backend", backend, "--out", str(out)]
     argv += ["--sizes", ",".join(map(str, INTERFERENCE_SIZES))]
-    argv += ["--calls", ",".join(map(str, calls))]
+    argv += ["--calls", ",".join(f"{us:.3f}" for us in call_us)]
     launch(link, backend, argv, env)
-    ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1)]
-    plain = statistics.fmean(r["plain_us"] for r in ranks)
-    idle = statistics.fmean(r["idle_us"] for r in ranks)
-    samples = [
-        InterferenceSample(
-            size_bytes=int(a["size_bytes"]),
-            call_us=statistics.fmean([a["call_us"], b["call_us"]]),
-            loss=statistics.fmean([a["loss"], b["loss"]]),
-            probes=int(a["probes"]) + int(b["probes"]),
-            alone_us=statistics.fmean([a["alone_us"], b["alone_us"]]),
-        )
-        for a, b in zip(ranks[0]["samples"], ranks[1]["samples"], strict=True)
-    ]
+    plain, idle, samples = combine_ranks(str(out), 2)
     term, r2 = fit_interference(plain, idle, samples)
     _say(
         f"    interference ({tag}): probe {plain:.0f} us plain, {idle:.0f} us idle "
@@ -666,17 +649,25 @@ def measure(args: argparse.Namespace) -> list[Row]:
                             link, backend, comm, tmp, env=None, tag="vanilla"
                         )
                     trace = dataclasses.replace(base, comm=comm)
+                    # The runtime's own per-unit handoff (issue, completion poll, negotiation),
+                    # measured before compiling with a generic schedule: the term of the
+                    # variants the runtime drives, and what the compiler optimises with.
+                    handoff_us = calibrate_handoff(
+                        link, backend, trace, term=terms["*"], tmp=tmp, args=args
+                    )
+                    runtime_term = dataclasses.replace(terms["*"], comm_us_per_call=handoff_us)
+                    terms |= dict.fromkeys(("pace", "pace-sync", "online"), runtime_term)
                     # The compiler sees the link as it is, interference included.
                     result = compile_trace(
                         dataclasses.replace(
-                            trace, comm=dataclasses.replace(comm, interference=terms["*"])
+                            trace, comm=dataclasses.replace(comm, interference=runtime_term)
                         )
                     )
                     sched_path = tmp / f"{rate}-{backend}.schedule.json"
                     save_schedule(result.schedule, sched_path)
                     sync = compile_trace(
                         dataclasses.replace(
-                            trace, comm=dataclasses.replace(comm, interference=terms["*"])
+                            trace, comm=dataclasses.replace(comm, interference=runtime_term)
                         ),
                         mode="sync",
                         baselines=False,
@@ -732,6 +723,38 @@ def _train(
         launch(link, backend, [*common, "--variants", ",".join(variants), "--out", str(path)], env)
         out |= {k: [float(v) for v in vs] for k, vs in json.loads(path.read_text()).items()}
     return out
+
+
+HANDOFF_STEPS = 6  # calibration iterations (after 2 of warm-up)
+
+
+def calibrate_handoff(
+    link: Link, backend: str, trace: Any, *, term: Any, tmp: Path, args: argparse.Namespace
+) -> float:
+    """The runtime's per-unit handoff beside compute, in us: its median channel time per unit
+    beyond the cost model, training a few iterations with a generic schedule (one unit per
+    gradient, compiled without fusion), not the schedule being predicted."""
+    from pace.compiler import compile_trace
+    from pace.io import save_schedule
+
+    probe_trace = dataclasses.replace(
+        trace, comm=dataclasses.replace(trace.comm, interference=term)
+    )
+    generic = compile_trace(probe_trace, fusion="none", robust=False, baselines=False).schedule
+    path = tmp / f"handoff-{backend}.schedule.json"
+    save_schedule(generic, path)
+    out = tmp / f"handoff-{backend}.json"
+    argv = ["--role", "train", "--backend", backend, "--schedule", str(path)]
+    argv += ["--sync-schedule", str(path), "--batch", str(args.batch), "--blocks", "1"]
+    argv += ["--steps", str(HANDOFF_STEPS), "--variants", "pace", "--out", str(out)]
+    launch(link, backend, argv, pace_horovod_env() if backend == "horovod" else None)
+    done = json.loads(Path(f"{out}.pace.units").read_text())
+    extra = statistics.median(us - trace.comm.cost_us(b) for b, us in done)
+    _say(
+        f"    runtime handoff ({len(generic.units)} units per iteration, {len(done)} timed): "
+        f"median {extra / 1e3:.2f} ms per unit beyond the cost model"
+    )
+    return float(max(0.0, extra))
 
 
 def _report_units(path: Path, comm: Any, schedule: Any) -> None:
@@ -822,9 +845,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Horovod settings for the pace launch on top of the runtime's (an experiment)",
     )
     args, rest = ap.parse_known_args(argv)
-    _HOROVOD_OVERRIDES.update(
-        dict(kv.split("=", 1) for kv in args.horovod_env.split(",") if kv)  # type: ignore[misc]
-    )
+    _HOROVOD_OVERRIDES.update(dict(kv.split("=", 1) for kv in args.horovod_env.split(",") if kv))
     if args.role == "hvd-driver":
         hvd_driver(args.link, [a for a in rest if a != "--"])
         return 0

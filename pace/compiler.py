@@ -196,12 +196,9 @@ def _fuse_and_schedule(
 def reference_units(trace: Trace) -> dict[str, tuple[Unit, ...]]:
     """The baselines whose own unit lists the scheduler takes as candidates, so the compiled
     schedule never replays slower than they do: P3's (fixed-size slices in layer order, one
-    call in flight: the contract's own replay). Needed only with a per-call latency (with
-    ``alpha = 0`` largest tail first is optimal); none over the simulator's unit limit (then
+    call in flight: the contract's own replay); none over the simulator's unit limit (then
     P3 is no baseline either). The FIFO and TicTac orders are the scheduler's own candidates;
     fusing baselines are the fusion stage's match."""
-    if trace.comm.alpha_us <= 0:
-        return {}
     from pace.analysis import analyze
     from pace.errors import LimitError
     from pace.sim import SimOptions

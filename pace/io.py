@@ -101,6 +101,8 @@ __all__ = [
     "PathLike",
     "check_compute_speedup",
     "display_path",
+    "interference_from_dict",
+    "interference_to_dict",
     "load_json",
     "load_schedule",
     "load_trace",
@@ -755,6 +757,16 @@ def _interference_from(r: _Reader, v: Any, path: str) -> Interference:
         comm_us_per_call=num("comm_us_per_call", _US),
         samples=tuple(samples),
     )
+
+
+def interference_from_dict(obj: Any, *, where: str = "") -> Interference:
+    """A ``comm.interference`` object (also in ``comm.json``), checked as a trace's is."""
+    return _interference_from(_Reader(where), obj, "interference")
+
+
+def interference_to_dict(term: Interference) -> dict[str, Any]:
+    """The ``comm.interference`` object of ``term``."""
+    return _interference_to(term)
 
 
 def _interference_to(term: Interference) -> dict[str, Any]:

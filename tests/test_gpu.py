@@ -11,8 +11,9 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -28,9 +29,17 @@ from tests.worker_output import free_port, marked_results, worker_env  # noqa: E
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "gpu_workers" / "ddp_equal.py"
 HAS_CUDA = torch.cuda.is_available()
-gpu = pytest.mark.skipif(
+F = TypeVar("F", bound=Callable[..., Any])
+_needs_cuda = pytest.mark.skipif(
     not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
 )
+
+
+def gpu(test: F) -> F:
+    """Marked ``cuda`` (a skip CI accepts under PACE_REQUIRE_EXTRAS: it has no GPU) and
+    skipped without one."""
+    return pytest.mark.cuda(_needs_cuda(test))  # type: ignore[no-any-return]
+
 
 pytestmark = pytest.mark.torch
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -175,3 +176,20 @@ def test_a_bad_term_names_its_field(key: str, value: object, message: str) -> No
     with pytest.raises(InputError, match=message) as info:
         trace_from_dict(obj, where="t.json")
     assert info.value.field == f"comm.interference.{key}"
+
+
+def test_profile_comm_measures_the_term_on_real_processes(tmp_path: Path) -> None:
+    """`pace profile-comm --interference`: two real gloo ranks, the fitted term in comm.json,
+    read back by `load_comm` (what `pace profile --comm` puts in the trace)."""
+    from pace.cli import main
+    from pace.profiler.comm import load_comm
+
+    out = tmp_path / "comm.json"
+    argv = ["profile-comm", "--backend", "gloo", "--workers", "2", "--sizes", "64K,1M"]
+    assert main([*argv, "--reps", "2", "--interference", "-o", str(out)]) == 0
+    term = load_comm(out).interference
+    assert term is not None
+    assert [b for b, _ in term.samples] == [65536, 1048576]
+    assert all(0.0 <= loss <= 1.0 for _, loss in term.samples)
+    assert 0.0 <= term.idle_loss <= 0.95
+    assert min(term.us_per_byte, term.comm_us_per_call, term.comm_stretch) >= 0

@@ -74,7 +74,7 @@ def test_two_ranks_all_reduce_across_the_namespaces(backend: str, tmp_path: Path
     argv += ["--sizes", "4096,65536", "--reps", "2"]
     with throttled_link() as link:
         set_rate(link, "500mbit")
-        launch(link, backend, argv, bench_netns.PACE_HOROVOD_ENV)
+        launch(link, backend, argv, bench_netns.pace_horovod_env())
     samples = json.loads(out.read_text())
     assert [b for b, _, _ in samples] == [4096, 65536]
     assert all(us > 0 and cpu_us >= 0 for _, us, cpu_us in samples)
@@ -99,7 +99,7 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
     argv += ["--variants", "vanilla,online,pace,local"]
     with throttled_link() as link:
         set_rate(link, "1gbit")
-        launch(link, backend, argv, bench_netns.PACE_HOROVOD_ENV)
+        launch(link, backend, argv, bench_netns.pace_horovod_env())
     periods = json.loads(out.read_text())
     assert set(periods) == {"vanilla", "online", "pace", "local"}
     assert all(len(v) == 4 and all(p > 0 for p in v) for v in periods.values())

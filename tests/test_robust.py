@@ -182,3 +182,15 @@ def test_cli_robust_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert outs["--robust"]["predicted_iteration_us"] <= outs["--no-robust"][
         "predicted_iteration_us"
     ] * (1 + ROBUST_TOLERANCE)
+
+
+def test_with_alpha_zero_the_robust_choice_still_never_loses_to_p3() -> None:
+    """Hypothesis found it: without a per-call latency the nominal optimum beats P3, but a
+    robust choice may cost up to the tolerance above it, and here P3 sits in between. The
+    references bound the robust choice with alpha = 0 too."""
+    from pace.io import load_trace
+
+    trace = load_trace(Path(__file__).parent / "data" / "robust_p3_alpha0.trace.json")
+    robust = schedule(trace, robust=True, references=reference_units(trace)).schedule
+    p3_us = simulate(trace, "p3").iteration_us
+    assert robust.predicted_iteration_us <= p3_us * (1 + 1e-9)

@@ -150,6 +150,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="timed all-reduces per size (median)",
     )
     c.add_argument("--warmup", **int_in(0, _MAX_COUNT), default=2)
+    c.add_argument(
+        "--interference",
+        action="store_true",
+        help="also measure what compute and all-reduces cost each other on these processes "
+        "(the cost model's interference term, docs/simulator.md)",
+    )
     c.add_argument("-o", "--output", required=True, action=OutputPath, help="comm.json to write")
     c.add_argument(
         "--plot", metavar="PNG", action=OutputPath, help="also plot the samples and the fit"
@@ -327,6 +333,7 @@ def run_profile_comm(args: argparse.Namespace) -> int:
             sizes_bytes=sizes,
             reps=args.reps,
             warmup=args.warmup,
+            interference=args.interference,
         )
     except InputError as exc:
         raise _as_option(exc, default="profile-comm") from None
@@ -349,4 +356,12 @@ def run_profile_comm(args: argparse.Namespace) -> int:
             f"(~{8e-3 / m.beta_us_per_byte if m.beta_us_per_byte > 0 else float('inf'):.2f} Gbps "
             f"algorithm bandwidth) r2={fit.r2:.4f} max_rel_error={fit.max_rel_error:.2f}\n"
         )
+        if m.interference is not None:
+            t = m.interference
+            sys.stdout.write(
+                f"interference: compute loses {t.us_per_call:.1f} us/call + "
+                f"{t.us_per_byte * 2**20:.0f} us/MiB beside all-reduces, {t.idle_loss:.3f} to "
+                f"an idle backend; calls beside compute +{t.comm_us_per_call:.0f} us and x"
+                f"{1 + t.comm_stretch:.3f} (R^2 {fit.meta.get('interference_r2', 0):.3f})\n"
+            )
     return 0

@@ -320,11 +320,12 @@ def schedule(
     ref_us = math.inf
     ref_units: tuple[Unit, ...] = ()
     ref_name = ""
-    if singletons and trace.comm.alpha_us > 0:
+    if singletons and (trace.comm.alpha_us > 0 or robust):
         # With a per-call latency our preemption choices are heuristic, and a baseline's own
         # unit list (the compiler hands them in: P3's fixed-size slices in layer order) can
         # win; it is then a candidate. (FIFO and TicTac orders are candidates already; with
-        # alpha = 0 largest tail first is optimal.)
+        # alpha = 0 largest tail first is optimal, but a robust choice may cost up to the
+        # tolerance above it, so the references bound that choice then too.)
         best_us = min(v[0] for v in verified)
         # A robust choice may cost up to the tolerance: it must not lose to one either.
         reach_us = best_us * (1.0 + robust_tolerance) if robust else best_us

@@ -24,8 +24,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--interference", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.interference:
+        from pace.profiler.interference import probe_us
+
+        plain_us = probe_us()  # before Horovod's background loop starts
     hvd.init()
     results: list[list[float]] = []
     for size in (int(s) for s in args.sizes.split(",")):
@@ -44,6 +49,21 @@ def main() -> None:
         results.append([buf.numel() * 4, float(np.median(times)) * 1e6])
     if hvd.rank() == 0:
         Path(args.out).write_text(json.dumps(results))
+    if args.interference:
+        from pace.profiler.interference import measure_on_rank
+
+        def allreduce(buf: torch.Tensor) -> None:
+            hvd.allreduce_(buf, op=hvd.Sum, name=f"interference.{buf.numel()}")
+
+        # Every rank holds the same (slowest-rank) times, so makes the same calls.
+        measure_on_rank(
+            allreduce,
+            sizes_bytes=[int(b) for b, _ in results],
+            call_us=[us for _, us in results],
+            plain_us=plain_us,
+            out=f"{args.out}.interference",
+            rank=hvd.rank(),
+        )
     hvd.shutdown()
 
 

@@ -10,6 +10,7 @@ all-reduce is done when every rank has its result). ``fit_comm`` fits
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from pace.errors import InputError
-from pace.ir import CommModel
+from pace.ir import CommModel, Interference
 
 COMM_FORMAT = "pace.comm"
 COMM_VERSION = 1
@@ -104,6 +105,7 @@ class _SweepConfig:
     reps: int
     warmup: int
     out: str
+    interference: bool = False
 
 
 def _gloo_worker(rank: int, cfg: _SweepConfig) -> None:
@@ -111,6 +113,10 @@ def _gloo_worker(rank: int, cfg: _SweepConfig) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    if cfg.interference:
+        from pace.profiler.interference import probe_us
+
+        plain_us = probe_us()  # before the process group (and its threads) start
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{cfg.port}",
@@ -135,27 +141,64 @@ def _gloo_worker(rank: int, cfg: _SweepConfig) -> None:
             results.append([buf.numel() * 4, float(np.median(times)) * 1e6])
         if rank == 0:
             Path(cfg.out).write_text(json.dumps(results))
+        if cfg.interference:
+            from pace.profiler.interference import measure_on_rank
+
+            # Every rank holds the same (max-reduced) times, so makes the same calls.
+            def allreduce(buf: torch.Tensor) -> None:
+                dist.all_reduce(buf)
+
+            measure_on_rank(
+                allreduce,
+                sizes_bytes=[int(b) for b, _ in results],
+                call_us=[us for _, us in results],
+                plain_us=plain_us,
+                out=f"{cfg.out}.interference",
+                rank=rank,
+            )
     finally:
         dist.destroy_process_group()
 
 
-def _run_gloo(workers: int, sizes: list[int], reps: int, warmup: int) -> list[tuple[int, float]]:
+def _run_gloo(
+    workers: int, sizes: list[int], reps: int, warmup: int, interference: bool
+) -> tuple[list[tuple[int, float]], Interference | None, float]:
     from torch.multiprocessing import spawn  # type: ignore[attr-defined]
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "samples.json")
         cfg = _SweepConfig(
-            world=workers, port=_free_port(), sizes=tuple(sizes), reps=reps, warmup=warmup, out=out
+            world=workers,
+            port=_free_port(),
+            sizes=tuple(sizes),
+            reps=reps,
+            warmup=warmup,
+            out=out,
+            interference=interference,
         )
         # Real processes (spawned, not forked: no inherited torch thread state).
         spawn(_gloo_worker, args=(cfg,), nprocs=workers, join=True)  # type: ignore[no-untyped-call]
         data = json.loads(Path(out).read_text())
-    return [(int(b), float(u)) for b, u in data]
+        term, r2 = _interference_of(f"{out}.interference", workers) if interference else (None, 1.0)
+    return [(int(b), float(u)) for b, u in data], term, r2
+
+
+def _interference_of(out: str, workers: int) -> tuple[Interference, float]:
+    from pace.profiler.interference import combine_ranks, fit_interference
+
+    plain, idle, samples = combine_ranks(out, workers)
+    return fit_interference(plain, idle, samples)
 
 
 def _run_horovod(
-    workers: int, sizes: list[int], reps: int, warmup: int, timeout_s: float
-) -> list[tuple[int, float]]:
+    workers: int,
+    sizes: list[int],
+    reps: int,
+    warmup: int,
+    *,
+    timeout_s: float,
+    interference: bool,
+) -> tuple[list[tuple[int, float]], Interference | None, float]:
     try:
         import horovod  # noqa: F401
     except ImportError as exc:
@@ -185,6 +228,7 @@ def _run_horovod(
             str(warmup),
             "--out",
             out,
+            *(["--interference"] if interference else []),
         ]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         proc = subprocess.run(
@@ -194,7 +238,8 @@ def _run_horovod(
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             raise RuntimeError(f"horovodrun failed ({proc.returncode}): " + " | ".join(tail))
         data = json.loads(Path(out).read_text())
-    return [(int(b), float(u)) for b, u in data]
+        term, r2 = _interference_of(f"{out}.interference", workers) if interference else (None, 1.0)
+    return [(int(b), float(u)) for b, u in data], term, r2
 
 
 def benchmark_allreduce(
@@ -205,8 +250,13 @@ def benchmark_allreduce(
     reps: int = 10,
     warmup: int = 2,
     timeout_s: float = 600.0,
+    interference: bool = False,
 ) -> CommFit:
-    """Measure all-reduce times with ``workers`` real processes and fit a cost model."""
+    """Measure all-reduce times with ``workers`` real processes and fit a cost model.
+
+    ``interference``: also measure what computation and communication cost each other on these
+    processes (``pace.profiler.interference``, a matrix-product probe) and put the fitted term
+    in the model; its fit's R² is ``meta["interference_r2"]``."""
     if backend not in BACKENDS:
         raise InputError(f"must be one of {', '.join(BACKENDS)}, got {backend!r}", field="backend")
     if workers < 2:
@@ -218,10 +268,15 @@ def benchmark_allreduce(
         raise InputError(f"must be >= 1, got {reps}", field="reps")
     t0 = time.perf_counter()
     if backend == "gloo":
-        samples = _run_gloo(workers, sizes, reps, warmup)
+        samples, term, r2 = _run_gloo(workers, sizes, reps, warmup, interference)
     else:
-        samples = _run_horovod(workers, sizes, reps, warmup, timeout_s)
+        samples, term, r2 = _run_horovod(
+            workers, sizes, reps, warmup, timeout_s=timeout_s, interference=interference
+        )
     fit = fit_comm(samples, workers=workers, backend=backend)
+    if term is not None:
+        fit = dataclasses.replace(fit, model=dataclasses.replace(fit.model, interference=term))
+        fit.meta["interference_r2"] = round(r2, 4)
     fit.meta.update(
         {
             "backend": backend,
@@ -239,6 +294,8 @@ def benchmark_allreduce(
 
 def comm_to_dict(fit: CommFit) -> dict[str, Any]:
     """The ``comm.json`` object: the trace's ``comm`` keys plus the fit quality."""
+    from pace.io import interference_to_dict
+
     m = fit.model
     return {
         "format": COMM_FORMAT,
@@ -249,6 +306,7 @@ def comm_to_dict(fit: CommFit) -> dict[str, Any]:
         "alpha_us": m.alpha_us,
         "beta_us_per_byte": m.beta_us_per_byte,
         "samples": [[b, u] for b, u in m.samples],
+        **({"interference": interference_to_dict(m.interference)} if m.interference else {}),
         "fit": {"r2": fit.r2, "rmse_us": fit.rmse_us, "max_rel_error": fit.max_rel_error},
         "meta": fit.meta,
     }
@@ -276,6 +334,7 @@ def load_comm(path: str | Path) -> CommModel:
         MAX_DURATION_US,
         MAX_TENSOR_BYTES,
         MAX_WORKERS,
+        interference_from_dict,
         load_json,
     )
 
@@ -319,4 +378,9 @@ def load_comm(path: str | Path) -> CommModel:
         beta_us_per_byte=float(beta),
         algorithm=str(obj.get("algorithm", "ring")),
         samples=samples,
+        interference=(
+            interference_from_dict(obj["interference"], where=where)
+            if "interference" in obj
+            else None
+        ),
     )

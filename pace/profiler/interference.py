@@ -29,7 +29,14 @@ from typing import Any
 
 from pace.ir import Interference
 
-__all__ = ["InterferenceSample", "fit_interference", "measure_interference", "probe_us"]
+__all__ = [
+    "InterferenceSample",
+    "combine_ranks",
+    "fit_interference",
+    "measure_interference",
+    "measure_on_rank",
+    "probe_us",
+]
 
 # The probe: one thread multiplying 160x160 matrices takes ~0.3 ms on this class of CPU; short
 # enough to sample a window of a few hundred ms many times, long enough to time reliably.
@@ -177,3 +184,62 @@ def fit_interference(
         samples=tuple((s.size_bytes, round(s.loss, 6)) for s in samples),
     )
     return term, r2
+
+
+def measure_on_rank(
+    allreduce: Callable[[Any], None],
+    *,
+    sizes_bytes: Sequence[int],
+    call_us: Sequence[float],
+    plain_us: float,
+    out: str,
+    rank: int,
+    window_us: float = 500_000.0,
+    probe: Callable[[], None] | None = None,
+    idle_reps: int = 40,
+) -> None:
+    """:func:`measure_interference` on this rank, each size called back to back for about
+    ``window_us`` (``call_us``: a call's time alone, the same on every rank, so every rank makes
+    the same number of calls); writes the measurement to ``out.RANK`` for :func:`combine_ranks`.
+    """
+    import json
+    from pathlib import Path
+
+    calls = [max(3, round(window_us / max(us, 1.0))) for us in call_us]
+    idle_us, samples = measure_interference(
+        allreduce,
+        sizes_bytes=sizes_bytes,
+        calls=calls,
+        plain_us=plain_us,
+        probe=probe,
+        idle_reps=idle_reps,
+    )
+    payload = {
+        "plain_us": plain_us,
+        "idle_us": idle_us,
+        "samples": [[s.size_bytes, s.call_us, s.loss, s.probes, s.alone_us] for s in samples],
+    }
+    Path(f"{out}.{rank}").write_text(json.dumps(payload))
+
+
+def combine_ranks(out: str, ranks: int) -> tuple[float, float, list[InterferenceSample]]:
+    """The ranks' measurements (``out.0`` .. ``out.{ranks-1}``), averaged: plain and idle probe
+    times and one sample per size."""
+    import json
+    from pathlib import Path
+
+    data = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(ranks)]
+    plain = statistics.fmean(d["plain_us"] for d in data)
+    idle = statistics.fmean(d["idle_us"] for d in data)
+    samples = []
+    for rows in zip(*(d["samples"] for d in data), strict=True):
+        samples.append(
+            InterferenceSample(
+                size_bytes=int(rows[0][0]),
+                call_us=statistics.fmean(r[1] for r in rows),
+                loss=statistics.fmean(r[2] for r in rows),
+                probes=sum(int(r[3]) for r in rows),
+                alone_us=statistics.fmean(r[4] for r in rows),
+            )
+        )
+    return plain, idle, samples
