@@ -30,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from pace.errors import InputError
 from pace.profiler.clock import Clock
 
 _WeakMap: Any
@@ -456,7 +457,9 @@ class Recorder:
         t_fw_end = clock.mark()
         root = loss.grad_fn
         if root is None:
-            raise ValueError("the loss does not require grad (no autograd graph to profile)")
+            raise InputError(
+                "the loss does not require grad (no autograd graph to profile)", field="loss"
+            )
         nodes, parents, feeds = _walk_graph(root, self.param_ids)
         hooks = _BackwardHooks(clock)
         for nid, node in nodes.items():
