@@ -756,8 +756,8 @@ def calibrate_handoff(
     argv += ["--sync-schedule", str(path), "--batch", str(args.batch), "--blocks", "1"]
     argv += ["--steps", str(HANDOFF_STEPS), "--variants", "pace", "--out", str(out)]
     launch(link, backend, argv, pace_horovod_env() if backend == "horovod" else None)
-    done = json.loads(Path(f"{out}.pace.units").read_text())
-    extra = statistics.median(us - trace.comm.cost_us(b) for b, us in done)
+    done, extra_us = _units_beyond_cost(Path(f"{out}.pace.units"), trace.comm)
+    extra = statistics.median(extra_us)
     _say(
         f"    runtime handoff ({len(generic.units)} units per iteration, {len(done)} timed): "
         f"median {extra / 1e3:.2f} ms per unit beyond the cost model"
@@ -765,12 +765,17 @@ def calibrate_handoff(
     return float(max(0.0, extra))
 
 
+def _units_beyond_cost(path: Path, comm: Any) -> tuple[list[Any], list[float]]:
+    """A ``UnitLog`` file's ``(bytes, us)`` per unit, and each one's time beyond the model."""
+    done = json.loads(path.read_text())
+    return done, [us - comm.cost_us(b) for b, us in done]
+
+
 def _report_units(path: Path, comm: Any, schedule: Any) -> None:
     """What the runtime's units held the channel for, against the cost model."""
     if not path.exists():
         return
-    done = json.loads(path.read_text())
-    extra = [us - comm.cost_us(b) for b, us in done]
+    done, extra = _units_beyond_cost(path, comm)
     per_iter = len(schedule.units)
     _say(
         f"    pace units: {len(done)} ({per_iter} per iteration); channel time minus the model's "

@@ -150,7 +150,9 @@ def _fuse_and_schedule(
     from pace.lp import schedule as lp_schedule
 
     t = time.perf_counter()
-    references = reference_units(compiled)
+    # The scheduler takes the references only with a per-call latency or a robust choice
+    # (lp.schedule): otherwise building P3's slices is work for nothing.
+    references = reference_units(compiled) if compiled.comm.alpha_us > 0 or robust else {}
 
     def schedule(plan: FusionPlan, *, solver: Solver) -> Schedule:
         return lp_schedule(

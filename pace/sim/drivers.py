@@ -127,10 +127,10 @@ def drive_joint(
         t = t_op if t_op < t_ch else t_ch
         if t == _INF:
             break
-        # The clock reaches an op's finish exactly when that op is the next event.
-        progress = events[0][0] if t == t_op else progress + (t - now) * rate
         if interference is None:
             progress = t
+        else:  # the clock reaches an op's finish exactly when that op is the next event
+            progress = events[0][0] if t == t_op else progress + (t - now) * rate
         now = t
         while events and events[0][0] <= progress:
             i = heapq.heappop(events)[1]
@@ -155,13 +155,14 @@ def drive_joint(
                     release_barrier(t)
         if isinstance(ch, CycleFusionChannel):
             ch.after_batch(t)
+        if interference is None:
+            ch.dispatch(t)
+            continue
         computing = stream_busy if serial_compute else bool(events)
-        if interference is not None:
-            ch.call_extra_us = interference.comm_us_per_call if computing else 0.0
+        ch.call_extra_us = interference.comm_us_per_call if computing else 0.0
         ch.dispatch(t)
-        if interference is not None:
-            ch.set_rate(t, 1.0 / (1.0 + interference.comm_stretch) if computing else 1.0)
-            rate = 1.0 - ch.compute_loss(t, interference)
+        ch.set_rate(t, 1.0 / (1.0 + interference.comm_stretch) if computing else 1.0)
+        rate = 1.0 - ch.compute_loss(t, interference)
     stuck = [prep.op_names[i] for i in range(n_ops) if finish[i] == _INF]
     if stuck:
         raise InputError(f"ops never become ready: {stuck[:5]}", field="ops")
