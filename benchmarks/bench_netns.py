@@ -404,7 +404,11 @@ def worker_train(args: argparse.Namespace) -> None:
 
             ddp = DistributedDataParallel(model)
             return ddp, torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
-        schedule = {"pace": args.schedule, "pace-sync": args.sync_schedule}.get(kind)
+        schedule = {
+            "pace": args.schedule,
+            "pace-serial": args.schedule,
+            "pace-sync": args.sync_schedule,
+        }.get(kind)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return model, pace.runtime.wrap(
@@ -412,8 +416,14 @@ def worker_train(args: argparse.Namespace) -> None:
                 model,
                 schedule,
                 backend=args.backend,
-                sync=kind == "pace-sync",
                 monitor=unit_logs.setdefault(kind, UnitLog()) if kind == "pace" else None,
+                options=pace.runtime.RuntimeOptions(
+                    sync=kind == "pace-sync",
+                    # pace-serial: the replay issuing a unit only once the last one is done,
+                    # waiting for the runtime's threads between units (the default before
+                    # the backends ran in order).
+                    credit_bytes=1 if kind == "pace-serial" else None,
+                ),
             )
 
     unit_logs: dict[str, UnitLog] = {}
@@ -428,7 +438,7 @@ def worker_train(args: argparse.Namespace) -> None:
             opt.zero_grad()
             functional.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
             opt.step()
-        if kind in ("online", "pace", "pace-sync"):
+        if kind in ("online", "pace", "pace-serial", "pace-sync"):
             opt.synchronize()  # drain before the next variant's block (vanilla's step() did)
         return [b - a for a, b in itertools.pairwise(starts)]
 
@@ -585,14 +595,17 @@ def predictions_ms(
 
     opts = RuntimeOptions()
     step_us = float(trace.meta.get("optimizer_us", 0.0))
-    # The online mode's 16 MiB credit lets 4 pieces of 4 MiB be in flight. Horovod runs its
-    # collectives one at a time on its background thread: one on the wire, in issue order.
-    # A torch gloo process group runs them on its 2 worker threads: up to 2 share the link.
+    # The online mode's 16 MiB credit lets 4 pieces of 4 MiB be in flight. Both backends run
+    # the runtime's collectives one at a time, in issue order (Horovod's background thread,
+    # the runtime's one-thread gloo group): one on the wire.
     online = bytescheduler(partition_bytes=opts.partition_bytes, credit_bytes=ONLINE_CREDIT_BYTES)
-    sharing = SimOptions(credit=1 if backend == "horovod" else 2)
+    sharing = SimOptions(credit=1)
+    pace_us = simulate(on("pace"), schedule_policy(schedule)).iteration_us
     pred = {
-        # The runtime replays a schedule one unit at a time: the contract's own semantics.
-        "pace": simulate(on("pace"), schedule_policy(schedule)).iteration_us,
+        # The runtime replays a schedule one unit at a time on the link: the contract's own
+        # semantics (queued ahead or issued one by one, the same order).
+        "pace": pace_us,
+        "pace-serial": pace_us,
         "pace-sync": simulate(
             sync_trace(on("pace-sync")), schedule_policy(sync_schedule)
         ).iteration_us,
@@ -718,13 +731,14 @@ def _train(
     common += ["--sync-schedule", str(schedule.with_suffix("").with_suffix(".sync.schedule.json"))]
     common += ["--batch", str(args.batch), "--blocks", str(args.blocks), "--steps", str(args.steps)]
     out: dict[str, list[float]] = {}
+    runtime = ["online", "pace", *(["pace-serial"] if args.compare_serial else []), "pace-sync"]
     if backend == "horovod":
         launches = [
             (["vanilla"], None),
-            (["vanilla-nofusion", "online", "pace", "pace-sync", "local"], pace_horovod_env()),
+            (["vanilla-nofusion", *runtime, "local"], pace_horovod_env()),
         ]
     else:
-        launches = [(["vanilla", "online", "pace", "pace-sync", "local"], None)]
+        launches = [(["vanilla", *runtime, "local"], None)]
     for variants, env in launches:
         path = tmp / f"train-{backend}.json"
         _say(f"  training {', '.join(variants)} ...")
@@ -860,6 +874,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--report-handoff",
         action="store_true",
         help="measure and print the runtime's per-unit handoff (a generic schedule)",
+    )
+    ap.add_argument(
+        "--compare-serial",
+        action="store_true",
+        help="also train variant pace-serial: the replay issuing one unit at a time",
     )
     ap.add_argument(
         "--horovod-env",

@@ -271,6 +271,7 @@ class _SideStreamBackend:
     name = "side-stream"
     rank = 0
     size = 1
+    in_order = True
 
     def __init__(self) -> None:
         self.stream = torch.cuda.Stream()

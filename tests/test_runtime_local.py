@@ -398,6 +398,7 @@ class _StuckBackend:
     name = "stuck"
     rank = 3
     size = 2
+    in_order = False
 
     def start(self, buf: Any, name: str) -> Any:
         return name
@@ -529,7 +530,8 @@ class _CountingBackend:
     rank = 0
     size = 1
 
-    def __init__(self) -> None:
+    def __init__(self, in_order: bool) -> None:
+        self.in_order = in_order
         self.in_flight = 0
         self.most = 0
         self._lock = threading.Lock()
@@ -553,17 +555,26 @@ class _CountingBackend:
 
 
 @pytest.mark.parametrize(
-    ("schedule", "knobs", "most"),
+    ("schedule", "in_order", "knobs", "most"),
     [
-        (True, {}, 1),  # a replay follows the schedule's contract: one unit at a time
-        (True, {"credit_bytes": 1 << 30}, 2),  # a window is still available on request
-        (False, {}, 2),  # online: ByteScheduler's credit window
+        # A replay on a backend that may run collectives side by side: one unit at a time,
+        # the schedule's contract (one channel).
+        (True, False, {}, 1),
+        # An in-order backend queues them itself: every ready unit is issued at once.
+        (True, True, {}, 2),
+        (True, True, {"credit_bytes": 1}, 1),  # an explicit window wins
+        (True, False, {"credit_bytes": 1 << 30}, 2),  # a window is still available on request
+        (False, False, {}, 2),  # online: ByteScheduler's credit window
     ],
 )
-def test_replay_sends_one_unit_at_a_time_unless_given_a_window(
-    monkeypatch: pytest.MonkeyPatch, schedule: bool, knobs: dict[str, Any], most: int
+def test_replay_window_follows_the_backend_unless_given(
+    monkeypatch: pytest.MonkeyPatch,
+    schedule: bool,
+    in_order: bool,
+    knobs: dict[str, Any],
+    most: int,
 ) -> None:
-    backend = _CountingBackend()
+    backend = _CountingBackend(in_order)
     monkeypatch.setattr(runtime_optimizer, "make_backend", lambda _name: backend)
     model = net()
     opt = pace.runtime.wrap(

@@ -10,6 +10,7 @@ also bitwise what DDP computes (it divides before summing; scaling by a power of
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
 import warnings
@@ -42,6 +43,11 @@ class Backend(Protocol):
     name: str
     rank: int
     size: int
+    # True when collectives run one after another, in the order they were started (one
+    # executor): a replay then issues each unit as soon as its gradients are ready and the
+    # backend starts it the moment the previous one ends, with no Python thread in between.
+    # False: started collectives may run side by side, so a replay issues one at a time.
+    in_order: bool
 
     def start(self, buf: torch.Tensor, name: str) -> Any:
         """Start an in-place averaging all-reduce of contiguous ``buf``; returns a handle."""
@@ -95,6 +101,9 @@ class HorovodBackend:
         self._mpi_ops = mpi_ops
         self.rank = int(hvd.rank())
         self.size = int(hvd.size())
+        # Horovod's background thread executes the negotiated collectives one by one, in the
+        # order every rank issued them, unless fusion or the response cache regroups them.
+        self.in_order = not bad
 
     def start(self, buf: torch.Tensor, name: str) -> Any:
         return self._mpi_ops.allreduce_async_(buf, name=name, op=self._mpi_ops.Average)
@@ -133,11 +142,13 @@ class HorovodBackend:
 
 
 class TorchBackend:
-    """``torch.distributed.all_reduce(async_op=True)`` on a process group of its own.
+    """An averaging all-reduce on a process group of its own.
 
     A dedicated group keeps the user's own collectives (metrics, barriers) on the default group
     from interleaving with ours: two threads issuing on one group would break the identical
-    order every rank must see.
+    order every rank must see. With gloo the group has one worker thread (torch's default is
+    two, which run two started collectives side by side on the link), so it runs collectives in
+    issue order (``in_order``); NCCL runs a group's collectives in order on one stream.
     """
 
     name = "torch"
@@ -152,16 +163,24 @@ class TorchBackend:
                 where="backend",
             )
         self._dist = dist
-        # Collective: every rank calls wrap(), so every rank creates the group here.
-        group = dist.new_group(backend=dist.get_backend())
-        assert isinstance(group, dist.ProcessGroup)  # this rank is a member: never the sentinel
-        self._group = group
         self.rank = int(dist.get_rank())
         self.size = int(dist.get_world_size())
         self._scale = 1.0 / self.size
-        self._nccl = "nccl" in str(dist.get_backend(group)).lower()
+        self._nccl = "nccl" in str(dist.get_backend()).lower()
+        self._gloo: Any = None
+        self._group: Any = None
+        if not self._nccl and "gloo" in str(dist.get_backend()).lower():
+            self._gloo = _serial_gloo_group(dist, timeout_s=GROUP_TIMEOUT_S)
+        if self._gloo is None:
+            # Collective: every rank calls wrap(), so every rank creates the group here.
+            group = dist.new_group(backend=dist.get_backend())
+            assert isinstance(group, dist.ProcessGroup)  # a member: never the sentinel
+            self._group = group
+        self.in_order = self._nccl or self._gloo is not None
 
     def start(self, buf: torch.Tensor, name: str) -> Any:
+        if self._gloo is not None:
+            return (self._gloo.allreduce([buf]), buf)
         work = self._dist.all_reduce(buf, group=self._group, async_op=True)
         return (work, buf)
 
@@ -203,8 +222,48 @@ class TorchBackend:
 
     def close(self) -> None:
         # Best effort at shutdown: the default group may already be destroyed.
-        with contextlib.suppress(Exception):
-            self._dist.destroy_process_group(self._group)
+        if self._group is not None:
+            with contextlib.suppress(Exception):
+                self._dist.destroy_process_group(self._group)
+        self._gloo = None  # its connections close with the object
+
+
+# The one-thread gloo group's time-out for its own operations; the runtime's waits carry
+# their own (RuntimeOptions.timeout_s), so this only bounds a wait nobody times.
+GROUP_TIMEOUT_S = 1800.0
+_SERIAL_GROUPS = itertools.count()
+
+
+def _serial_gloo_group(dist: Any, *, timeout_s: float) -> Any:
+    """A gloo process group with one worker thread, on the default group's store and network
+    interfaces (``GLOO_SOCKET_IFNAME``, as torch reads it), or None when this torch does not
+    offer the pieces (then the caller falls back to ``new_group`` and one unit at a time).
+
+    Collective: every rank creates its groups in the same order, so the store prefixes match.
+    """
+    try:
+        gloo = dist.ProcessGroupGloo
+        options = gloo._Options()
+        names = [n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
+        options._devices = (
+            [gloo.create_device(interface=n) for n in names]
+            if names
+            else [gloo.create_default_device()]
+        )
+        options._threads = 1
+        options._timeout = timedelta(seconds=timeout_s)
+        store = dist.PrefixStore(
+            f"pace.serial.{next(_SERIAL_GROUPS)}", dist.distributed_c10d._get_default_store()
+        )
+        return gloo(store, dist.get_rank(), dist.get_world_size(), options)
+    except (AttributeError, TypeError) as exc:  # a torch without these private pieces
+        warnings.warn(
+            f"pace: cannot build a one-thread gloo group ({exc}); the replay sends one unit at "
+            "a time instead",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
 
 
 def make_backend(name: str) -> Backend:

@@ -526,6 +526,13 @@ class Engine:
                     raise _StoppedError
                 self._cv.wait()
 
+    def _wait_drained(self) -> None:
+        with self._cv:
+            while self._in_flight_bytes > 0:
+                if self._stop:
+                    raise _StoppedError
+                self._cv.wait()
+
     def _wait_credit(self, nbytes: int) -> None:
         with self._cv:
             while self._in_flight_bytes > 0 and self._in_flight_bytes + nbytes > self.credit_bytes:
@@ -638,6 +645,13 @@ class Engine:
         # The first mark of iteration k happens after the switch point of k: waiting for it
         # first makes a switch requested at this boundary visible here.
         self._wait_any_marked(k)
+        # Nothing of iteration k-1 in flight before k's first unit: a unit of k may reuse a
+        # buffer (a fused buffer, or a gradient reduced in place) that one of k-1 still holds,
+        # e.g. for a parameter the forward of k did not use and so never waited for. In a
+        # training loop k's first gradient comes long after k-1's last unit, so this costs
+        # nothing; it makes queueing every ready unit (an in-order backend) safe.
+        self._dispatch_at = f"start of iteration {k} (waiting for iteration {k - 1}'s units)"
+        self._wait_drained()
         plan = self._plan_for(k)
         for unit in plan.units:
             where = f"{plan.describe(unit.index, self.infos)} of iteration {k}"

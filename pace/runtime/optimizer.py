@@ -66,6 +66,8 @@ _OWN_METHODS = (
 # ByteScheduler's default credit for the online mode (its partition size is
 # ``RuntimeOptions.partition_bytes``).
 ONLINE_CREDIT_BYTES = 16 * 2**20
+# A replay on an in-order backend: every ready unit may be queued.
+UNLIMITED_CREDIT_BYTES = 2**62
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,12 +75,14 @@ class RuntimeOptions:
     """Knobs of the replay runtime.
 
     ``credit_bytes``: bytes of collectives allowed in flight (one unit always may go).
-    ``None`` (default): replaying a schedule, one unit at a time, which is the schedule's replay
-    contract (docs/schedule-format.md: one channel, smallest priority first;
-    ``predicted_iteration_us`` is computed that way); in the online mode
-    ``ONLINE_CREDIT_BYTES``, ByteScheduler's window. A larger window for a replay lets a later
-    unit share the link with an earlier one (gloo runs collectives concurrently on its worker
-    threads), delaying the unit the schedule put first.
+    ``None`` (default): replaying a schedule, every unit is issued as soon as its gradients are
+    ready, in the schedule's order, when the backend runs collectives one after another in
+    issue order (``Backend.in_order``: Horovod with fusion and cache off, NCCL, pace's
+    one-thread gloo group), so the link goes from one unit to the next without waiting for a
+    Python thread; one unit at a time otherwise. Either way the link carries one unit at a
+    time, smallest priority first: the schedule's replay contract (docs/schedule-format.md;
+    ``predicted_iteration_us`` is computed that way). In the online mode
+    ``ONLINE_CREDIT_BYTES``, ByteScheduler's window.
     ``partition_bytes``: online mode (no schedule) only, ByteScheduler's partition size.
     ``timeout_s``: any wait on a collective or on an update longer than this is an error.
     ``inject_delay_s``: testing only; sleep a random ``[0, inject_delay_s)`` in every gradient
@@ -126,11 +130,14 @@ class RuntimeOptions:
             raise InputError(f"must be >= 0, got {self.inject_delay_s!r}", where="inject_delay_s")
 
 
-def _credit_bytes(options: RuntimeOptions, mode: str) -> int:
+def _credit_bytes(options: RuntimeOptions, mode: str, in_order: bool) -> int:
     if options.credit_bytes is not None:
         return options.credit_bytes
-    # 1 byte: a unit may start only when nothing is in flight (one unit always may go).
-    return ONLINE_CREDIT_BYTES if mode == "online" else 1
+    if mode == "online":
+        return ONLINE_CREDIT_BYTES
+    # In order: no window needed, the backend queues. Otherwise 1 byte: a unit may start only
+    # when nothing is in flight (one unit always may go).
+    return UNLIMITED_CREDIT_BYTES if in_order else 1
 
 
 class PaceOptimizer(torch.optim.Optimizer):
@@ -514,7 +521,7 @@ def wrap(
         mode=mode,
         updater=update,
         on_iteration_start=iteration_start,
-        credit_bytes=_credit_bytes(options, mode),
+        credit_bytes=_credit_bytes(options, mode, be.in_order),
         timeout_s=options.timeout_s,
         inject_delay_s=options.inject_delay_s,
         seed=options.seed,
