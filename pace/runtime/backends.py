@@ -166,10 +166,11 @@ class TorchBackend:
         self.rank = int(dist.get_rank())
         self.size = int(dist.get_world_size())
         self._scale = 1.0 / self.size
-        self._nccl = "nccl" in str(dist.get_backend()).lower()
+        kind = str(dist.get_backend()).lower()
+        self._nccl = "nccl" in kind
         self._gloo: Any = None
         self._group: Any = None
-        if not self._nccl and "gloo" in str(dist.get_backend()).lower():
+        if "gloo" in kind and not self._nccl:
             self._gloo = _serial_gloo_group(dist, timeout_s=GROUP_TIMEOUT_S)
         if self._gloo is None:
             # Collective: every rank calls wrap(), so every rank creates the group here.

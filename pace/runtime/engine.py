@@ -503,15 +503,20 @@ class Engine:
     # -----------------------------------------------------------------------------------------
     # Dispatcher
 
+    def _wait_until(self, ready: Callable[[], bool]) -> None:
+        """Wait on ``_cv`` (held by the caller) until ``ready()``; raise ``_StoppedError`` if
+        the engine stops first."""
+        while not ready():
+            if self._stop:
+                raise _StoppedError
+            self._cv.wait()
+
     def _wait_marked(self, params: Sequence[int], k: int) -> None:
         with self._cv:
             # mark_ready wakes this thread only when the last of these is marked.
             self._wanted = (params, k)
             try:
-                while not all(self.marks[i] > k for i in params):
-                    if self._stop:
-                        raise _StoppedError
-                    self._cv.wait()
+                self._wait_until(lambda: all(self.marks[i] > k for i in params))
             finally:
                 self._wanted = None
             if self._stop:
@@ -521,24 +526,22 @@ class Engine:
         with self._cv:
             # Iteration k has begun: closed, or current (steps == k) with a gradient marked.
             # (A mark counted while steps < k belongs to an earlier iteration.)
-            while not (self.steps > k or (self.steps == k and self._marked_in_iteration)):
-                if self._stop:
-                    raise _StoppedError
-                self._cv.wait()
+            self._wait_until(
+                lambda: self.steps > k or (self.steps == k and bool(self._marked_in_iteration))
+            )
 
     def _wait_drained(self) -> None:
         with self._cv:
-            while self._in_flight_bytes > 0:
-                if self._stop:
-                    raise _StoppedError
-                self._cv.wait()
+            self._wait_until(lambda: self._in_flight_bytes <= 0)
 
     def _wait_credit(self, nbytes: int) -> None:
         with self._cv:
-            while self._in_flight_bytes > 0 and self._in_flight_bytes + nbytes > self.credit_bytes:
-                if self._stop:
-                    raise _StoppedError
-                self._cv.wait()
+            self._wait_until(
+                lambda: (
+                    self._in_flight_bytes <= 0
+                    or self._in_flight_bytes + nbytes <= self.credit_bytes
+                )
+            )
             self._in_flight_bytes += nbytes
 
     def _pack(self, unit: PlanUnit, extra: int) -> tuple[torch.Tensor, list[Any], int]:
@@ -724,10 +727,9 @@ class Engine:
             # same decision point, so the probes match).
             self._dispatch_at = f"readiness probe of iteration {k} (waiting for gradients)"
             with self._cv:
-                while not any(self.marks[j] > k and not known[j] for j in range(n_params)):
-                    if self._stop:
-                        raise _StoppedError
-                    self._cv.wait()
+                self._wait_until(
+                    lambda: any(self.marks[j] > k and not known[j] for j in range(n_params))
+                )
             self._dispatch_at = f"readiness probe of iteration {k}"
             probe = self._issue(k, None, f"{self._name}.probe", plan=self.plan, bitmap=True)
             in_flight += probe.nbytes
