@@ -349,7 +349,9 @@ def test_options_validate_and_name_the_option() -> None:
 
 def test_explicit_options_override_policy_defaults() -> None:
     res = simulate(tiny(), "fifo", options=SimOptions(barrier=False))
-    assert res.options == SimOptions(credit=1, barrier=False, one_compute_stream=False)
+    assert res.options == SimOptions(
+        credit=1, barrier=False, one_compute_stream=False, agreed_readiness=False, queued=False
+    )
 
 
 def test_unit_naming_an_unknown_tensor_is_an_input_error() -> None:

@@ -35,6 +35,8 @@ def test_simulate_policy_json(tiny_path: Path, capsys: pytest.CaptureFixture[str
         "barrier": True,
         "one_compute_stream": False,
         "credit_bytes": None,
+        "queued": False,
+        "agreed_readiness": False,
     }
 
 
@@ -54,6 +56,17 @@ def test_simulate_options(tiny_path: Path, capsys: pytest.CaptureFixture[str]) -
         capsys,
     )
     assert out["iteration_us"] == 44
+    # Two queued instead of sharing (39 above): one at a time again, fifo's credit-1 time.
+    queued = ["--credit", "2", "--queued", "--no-barrier", "--json"]
+    out = run_json(["simulate", str(tiny_path), "--policy", "fifo", *queued], capsys)
+    assert out["iteration_us"] == pytest.approx(44)
+    assert out["options"]["queued"] is True  # type: ignore[index]
+    plain = run_json(["simulate", str(tiny_path), "--policy", "tictac", "--json"], capsys)
+    agreed = run_json(
+        ["simulate", str(tiny_path), "--policy", "tictac", "--agreed-readiness", "--json"], capsys
+    )
+    # Every unit waits for its readiness to be agreed (the first for a probe round).
+    assert agreed["comm_end_us"] > plain["comm_end_us"]  # type: ignore[operator]
 
 
 def test_simulate_schedule_file(
@@ -115,6 +128,8 @@ def test_compare_what_if_bandwidth_changes_times(
     [
         (["--policy", "nope"], "--policy"),
         (["--policy", "fifo", "--credit", "0"], "--credit"),
+        (["--policy", "horovod", "--queued"], "--queued"),
+        (["--policy", "horovod", "--agreed-readiness"], "--agreed-readiness"),
     ],
 )
 def test_simulate_bad_options_exit_2(

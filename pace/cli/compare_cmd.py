@@ -138,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
         mode = " ".join(parts)
         if opts["one_compute_stream"]:
             mode += " 1-stream"
+        if opts.get("queued"):
+            mode += " queued"
+        if opts.get("agreed_readiness"):
+            mode += " agreed"
         table_rows.append(
             [
                 name,

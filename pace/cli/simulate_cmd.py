@@ -5,7 +5,9 @@ docs/design.md). Options change the simulator's mode (docs/simulator.md; the def
 replay semantics of docs/schedule-format.md):
 ``--credit N`` units in flight sharing the bandwidth, ``--credit-bytes B`` a byte window,
 ``--barrier`` (the next forward waits for all communication), ``--one-compute-stream`` (ops
-serialised). ``--no-barrier`` etc. override a
+serialised), ``--queued`` (units in flight cross one at a time in issue order),
+``--agreed-readiness`` (a unit waits until every rank knows its gradients are ready, as in the
+runtime's online mode). ``--no-barrier`` etc. override a
 policy's own default (``fifo``, ``horovod`` and ``ddp`` default to a barrier).
 """
 
@@ -37,6 +39,20 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="run ops one at a time on one stream instead of unlimited parallel compute",
+    )
+    p.add_argument(
+        "--queued",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="units in flight cross the link one at a time in issue order (an in-order backend)"
+        " instead of sharing its bandwidth",
+    )
+    p.add_argument(
+        "--agreed-readiness",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a unit goes only once every rank knows its gradients are ready (learnt from "
+        "completed calls or a probe round, as the runtime's online mode)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -107,6 +123,8 @@ def sim_options(args: argparse.Namespace) -> Any:
             barrier=args.barrier,
             one_compute_stream=args.one_compute_stream,
             credit_bytes=args.credit_bytes,
+            queued=args.queued,
+            agreed_readiness=args.agreed_readiness,
         )
     except InputError as exc:
         raise InputError(exc.detail, where=_OPTION_FLAGS.get(exc.field, "options")) from None
@@ -119,6 +137,8 @@ _OPTION_FLAGS = {
     "credit_bytes": "--credit-bytes",
     "barrier": "--barrier",
     "one_compute_stream": "--one-compute-stream",
+    "queued": "--queued",
+    "agreed_readiness": "--agreed-readiness",
 }
 
 
@@ -148,6 +168,8 @@ def result_summary(res: Any) -> dict[str, Any]:
             "barrier": res.options.barrier,
             "one_compute_stream": res.options.one_compute_stream,
             "credit_bytes": res.options.credit_bytes,
+            "queued": res.options.queued,
+            "agreed_readiness": res.options.agreed_readiness,
         },
         "knobs": dict(res.knobs),
     }
@@ -192,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
             "options",
             f"credit={res.options.credit} credit_bytes={res.options.credit_bytes} "
             f"barrier={res.options.barrier} "
-            f"one_compute_stream={res.options.one_compute_stream}",
+            f"one_compute_stream={res.options.one_compute_stream} "
+            f"queued={res.options.queued} agreed_readiness={res.options.agreed_readiness}",
         ),
     ]
     rows.extend((f"knob {k}", str(v)) for k, v in res.knobs.items())

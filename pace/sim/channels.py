@@ -133,8 +133,18 @@ class StaticChannel(Channel):
     channel's.
     """
 
-    def __init__(self, cu: UnitArrays, credit: int | None, credit_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        cu: UnitArrays,
+        credit: int | None,
+        credit_bytes: int | None = None,
+        *,
+        queued: bool = False,
+    ) -> None:
         self.cu = cu
+        # Queued: the units in flight cross the channel one at a time in issue order (an
+        # in-order backend); the credit bounds how far ahead units are committed to it.
+        self.queued = queued
         self.credit = credit if credit is not None else len(cu.units) + 1
         self.credit_bytes = credit_bytes if credit_bytes is not None else math.inf
         self.flight_bytes = 0
@@ -168,15 +178,18 @@ class StaticChannel(Channel):
     def next_time(self) -> float:
         if not self.flight:
             return _INF
-        if len(self.flight) == 1:
+        if len(self.flight) == 1 or self.queued:
             return self.last + self.remaining[0] / self.rate
         return self.last + min(self.remaining) * len(self.flight) / self.rate
 
     def _progress(self, now: float) -> None:
         n = len(self.flight)
         if n and now > self.last:
-            dt = (now - self.last) * self.rate / n
-            self.remaining = [r - dt for r in self.remaining]
+            if self.queued:
+                self.remaining[0] -= (now - self.last) * self.rate
+            else:
+                dt = (now - self.last) * self.rate / n
+                self.remaining = [r - dt for r in self.remaining]
         self.last = now
 
     def set_rate(self, now: float, rate: float) -> None:
@@ -187,13 +200,15 @@ class StaticChannel(Channel):
     def advance(self, now: float) -> list[int]:
         if not self.flight:
             return []
-        if len(self.flight) == 1:
+        if len(self.flight) == 1 or self.queued:
             if now < self.last + self.remaining[0] / self.rate:
                 return []
             done_units = [self.flight[0]]
-            self.flight = []
-            self.remaining = []
+            self.flight = self.flight[1:]
+            self.remaining = self.remaining[1:]
             self.last = now
+            if self.flight:  # the next queued unit goes on the wire now
+                self.start[self.flight[0]] = now
         else:
             self._progress(now)
             done_units = []
@@ -229,7 +244,8 @@ class StaticChannel(Channel):
         ):
             u = heapq.heappop(self.heap)[1]
             self.flight_bytes += self.cu.size_bytes[u]
-            self.start[u] = now
+            if not (self.queued and self.flight):  # else it starts when it reaches the head
+                self.start[u] = now
             self.flight.append(u)
             self.remaining.append(self.cu.cost_us[u] + self.call_extra_us)
 
@@ -240,10 +256,79 @@ class StaticChannel(Channel):
         # Units sharing the channel move its bytes at the one channel's rate, each at 1/n of
         # it and slowed by the rate: each takes n / rate times its cost.
         cu = self.cu
-        stretch = len(self.flight) / self.rate
+        if self.queued:
+            on_wire = self.flight[:1]
+            stretch = 1.0 / self.rate
+        else:
+            on_wire = self.flight
+            stretch = len(self.flight) / self.rate
         return interference.compute_loss(
-            (cu.size_bytes[u], cu.cost_us[u] * stretch) for u in self.flight
+            (cu.size_bytes[u], cu.cost_us[u] * stretch) for u in on_wire
         )
+
+
+class AgreedReadinessChannel(StaticChannel):
+    """A :class:`StaticChannel` whose gradients count as ready only once every rank knows it
+    (pace's online runtime, ``SimOptions.agreed_readiness``).
+
+    Each call carries the gradients produced when it was issued; they become known when it
+    completes. When nothing known is left to send and no call is in flight, a readiness probe
+    of ``probe_us`` runs first (one more call, carrying only the flags). The ranks are
+    symmetric in the simulator, so "ready on every rank" is "produced".
+    """
+
+    def __init__(
+        self,
+        cu: UnitArrays,
+        credit: int | None,
+        credit_bytes: int | None,
+        *,
+        queued: bool = False,
+        probe_us: float,
+    ) -> None:
+        super().__init__(cu, credit, credit_bytes, queued=queued)
+        self.probe_us = probe_us
+        self.produced: list[int] = []  # tensors in the order they were produced
+        self.known = 0  # produced[:known] are known on every rank
+        self.carried = [0] * len(cu.units)  # produced[:carried[u]] ride on unit u
+        self.probe_end = _INF
+        self.probe_carries = 0
+
+    def produce(self, tensor: int, now: float) -> None:
+        self.produced.append(tensor)
+
+    def _learn(self, upto: int, now: float) -> None:
+        while self.known < upto:
+            super().produce(self.produced[self.known], now)
+            self.known += 1
+
+    def next_time(self) -> float:
+        return min(super().next_time(), self.probe_end)
+
+    def advance(self, now: float) -> list[int]:
+        if self.probe_end <= now:
+            self.probe_end = _INF
+            self._learn(self.probe_carries, now)
+        before = set(self.flight)
+        done = super().advance(now)
+        for u in before.difference(self.flight):
+            self._learn(self.carried[u], now)
+        return done
+
+    def dispatch(self, now: float) -> None:
+        flying = set(self.flight)
+        super().dispatch(now)
+        for u in self.flight:
+            if u not in flying:
+                self.carried[u] = len(self.produced)
+        if (
+            not self.flight
+            and not self.heap
+            and self.probe_end == _INF
+            and self.known < len(self.produced)
+        ):
+            self.probe_carries = len(self.produced)
+            self.probe_end = now + (self.probe_us + self.call_extra_us) / self.rate
 
 
 class CycleFusionChannel(Channel):

@@ -60,19 +60,30 @@ class SimOptions:
       Horovod's ``synchronize()`` before ``optimizer.step()`` and DDP's backward do.
     * ``one_compute_stream``: ops run one at a time on one stream; a free stream starts the
       ready op that became ready earliest, ties in trace order.
+    * ``agreed_readiness``: a unit may go only once its gradients are known ready on every
+      rank, as in pace's online runtime: each call carries which gradients were ready when it
+      was issued, and that becomes known when it completes; when nothing known is left and no
+      call is in flight, the ranks run a readiness probe (a call of one 4-byte flag per
+      gradient). Default: a gradient is known the moment it is produced.
+    * ``queued``: the units in flight cross the channel one at a time, in issue order, instead
+      of sharing its bandwidth (an in-order backend: Horovod without fusion, NCCL, pace's
+      one-thread gloo group); ``credit``/``credit_bytes`` then bound how far ahead units are
+      committed to the queue.
     """
 
     credit: int | None = None
     barrier: bool | None = None
     one_compute_stream: bool | None = None
     credit_bytes: int | None = None
+    agreed_readiness: bool | None = None
+    queued: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("credit", "credit_bytes"):
             v = getattr(self, name)
             if v is not None:
                 require_int(v, field=name, minimum=1)
-        for name in ("barrier", "one_compute_stream"):
+        for name in ("barrier", "one_compute_stream", "agreed_readiness", "queued"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, bool):
                 raise InputError(f"must be true or false, got {v!r}", field=name)
@@ -90,13 +101,23 @@ class SimOptions:
             credit_bytes=(
                 self.credit_bytes if self.credit_bytes is not None else defaults.credit_bytes
             ),
+            agreed_readiness=(
+                self.agreed_readiness
+                if self.agreed_readiness is not None
+                else defaults.agreed_readiness
+            ),
+            queued=self.queued if self.queued is not None else defaults.queued,
         )
 
     def resolved(self) -> SimOptions:
         """Unset fields take the contract's default. ``credit`` stays unset (unlimited units)
         only under a byte window; ``credit_bytes`` stays unset when there is none.
         """
-        base = self.over(SimOptions(barrier=False, one_compute_stream=False))
+        base = self.over(
+            SimOptions(
+                barrier=False, one_compute_stream=False, agreed_readiness=False, queued=False
+            )
+        )
         if base.credit is None and base.credit_bytes is None:
             return base.over(SimOptions(credit=1))
         return base
@@ -292,6 +313,8 @@ def _simulate(
     credit_bytes = opts.credit_bytes
     barrier = bool(opts.barrier)
     serial = bool(opts.one_compute_stream)
+    agreed = bool(opts.agreed_readiness)
+    queued = bool(opts.queued)
 
     ch: channels.Channel
     if decision.cycle_fusion is not None:
@@ -299,6 +322,13 @@ def _simulate(
             raise InputError(
                 f"policy {pol.name!r} runs its units one at a time; credit must be 1",
                 field="credit_bytes" if credit_bytes is not None else "credit",
+            )
+        if agreed or queued:
+            field = "agreed_readiness" if agreed else "queued"
+            raise InputError(
+                f"policy {pol.name!r} negotiates and runs its units itself (Horovod's "
+                f"cycles); {field} applies to fixed units only",
+                field=field,
             )
         ch = channels.CycleFusionChannel(
             prep,
@@ -310,7 +340,13 @@ def _simulate(
     else:
         assert decision.units is not None
         cu = index_units(prep, decision.units, in_order=decision.in_order)
-        ch = channels.StaticChannel(cu, credit, credit_bytes)
+        if agreed:
+            probe_us = trace.comm.cost_us(4 * len(prep.tensor_names))
+            ch = channels.AgreedReadinessChannel(
+                cu, credit, credit_bytes, queued=queued, probe_us=probe_us
+            )
+        else:
+            ch = channels.StaticChannel(cu, credit, credit_bytes, queued=queued)
 
     cache: dict[str, Any] = {}
     interference = trace.comm.interference
@@ -328,7 +364,7 @@ def _simulate(
         comm_end = max(ufinish, default=0.0)
         iteration = max(max(joint.op_finish_us, default=0.0), comm_end)
     else:
-        if cu is not None:
+        if cu is not None and not agreed and (credit == 1 or not queued):
             if credit == 1:
                 # A byte window never binds with one unit in flight.
                 ustart, ufinish = serial_replay(cu.ready_us, cu.cost_us, cu.priority)

@@ -355,7 +355,12 @@ def bytescheduler_tuned(
                 f"every grid partition cuts the trace's {sum(prep.size_bytes)} bytes into more "
                 f"than {TUNE_MAX_UNITS} units (docs/simulator.md, 'Work limits')"
             )
-        if options.one_compute_stream or not tuning.fast_path_ok(prep, parts):
+        if (
+            options.one_compute_stream
+            or options.agreed_readiness
+            or options.queued
+            or not tuning.fast_path_ok(prep, parts)
+        ):
             best = _grid_by_replay(prep, options, order, parts, grid_credits)
         else:
             best = _grid_fast(prep, options, order, parts, grid_credits)
