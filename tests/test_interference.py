@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 
 from pace.compiler import apply_what_if, compile_trace
 from pace.ir import CommModel, Interference, Op, Tensor, Trace
-from pace.profiler.interference import InterferenceSample, fit_interference
+from pace.profiler.interference import (
+    InterferenceSample,
+    drift_corrected_loss,
+    fit_interference,
+    measure_interference,
+)
 from pace.sim import SimOptions, schedule_policy, simulate
 from pace.synth import random_trace
 from tests.strategies import traces
@@ -135,6 +140,66 @@ def test_fit_recovers_the_term() -> None:
     assert term.comm_us_per_call == pytest.approx(extra, rel=1e-6)
     assert term.comm_stretch == pytest.approx(stretch, rel=1e-6)
     assert r2 == pytest.approx(1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    plain=st.floats(100.0, 1e6),
+    idle_factor=st.floats(1.0, 3.0),
+    slowdown=st.floats(1.0, 5.0),
+    drift=st.floats(0.2, 5.0),
+)
+def test_a_drift_shared_by_busy_and_its_reference_cancels(
+    plain: float, idle_factor: float, slowdown: float, drift: float
+) -> None:
+    """The loss beside the calls depends on busy / ref, not on how fast the machine ran then."""
+    idle = plain * idle_factor
+    at_rest = drift_corrected_loss(
+        plain_us=plain, idle_us=idle, ref_us=idle, busy_us=idle * slowdown
+    )
+    drifted = drift_corrected_loss(
+        plain_us=plain, idle_us=idle, ref_us=idle * drift, busy_us=idle * slowdown * drift
+    )
+    assert drifted == pytest.approx(at_rest, rel=1e-9, abs=1e-12)
+    assert at_rest == pytest.approx(1.0 - plain / (idle * slowdown), abs=1e-12)
+
+
+def test_measuring_on_a_drifting_machine_gives_the_calls_slowdown() -> None:
+    """A probe that slows down steadily (the machine drifting) and 1.25x more while all-reduces
+    run: the loss attributed to the calls is the 1.25x, not the drift since the plain probe."""
+    import threading
+    import time
+
+    calls_running = threading.Event()
+    count = [0]
+
+    def probe() -> None:
+        count[0] += 1
+        drift = 1.0 + 0.04 * count[0]
+        time.sleep(0.002 * drift * (1.25 if calls_running.is_set() else 1.0))
+
+    def allreduce(buf: object) -> None:
+        beside = threading.current_thread().name == "pace-interference-comm"
+        if beside:
+            calls_running.set()
+        time.sleep(0.01)
+        if beside:
+            calls_running.clear()
+
+    idle_us, samples = measure_interference(
+        allreduce,
+        sizes_bytes=[1024, 4096],
+        calls=[6, 6],
+        plain_us=2000.0,
+        probe=probe,
+        idle_reps=9,
+    )
+    assert count[0] > 30
+    assert idle_us > 2000.0 * 1.5  # the drift is large against the plain probe ...
+    for s in samples:
+        # ... but 1 - loss = (plain / idle) * (ref / busy) recovers ref / busy = 1 / 1.25.
+        ratio = (1.0 - s.loss) / (2000.0 / idle_us)
+        assert ratio == pytest.approx(1 / 1.25, abs=0.08)
 
 
 def test_the_term_round_trips_through_the_trace_format() -> None:

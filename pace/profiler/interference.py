@@ -32,6 +32,7 @@ from pace.ir import Interference
 __all__ = [
     "InterferenceSample",
     "combine_ranks",
+    "drift_corrected_loss",
     "fit_interference",
     "measure_interference",
     "measure_on_rank",
@@ -107,12 +108,30 @@ def measure_interference(
     """On this rank: the idle probe time and one sample per size (``calls[i]`` back-to-back
     all-reduces of ``sizes_bytes[i]``, the same counts on every rank). ``plain_us``: the probe
     measured before the backend started; ``probe``: the compute timed (default: products of
-    small matrices). Every rank must call this at the same time."""
+    small matrices). Every rank must call this at the same time.
+
+    The idle probes are taken in chunks before, between and after the sizes, and each size's
+    slowdown is taken against the idle chunks on either side of it: a shared machine drifts
+    over the seconds this takes, and a loss measured against a reference taken long before
+    would be the drift's, not the all-reduces'."""
     import torch
 
     run = probe or matmul_probe()
-    idle_us = probe_us(run, reps=idle_reps)
-    samples = []
+    run()  # warm
+    per_chunk = max(2, -(-idle_reps // (len(sizes_bytes) + 1)))
+    idle_all: list[float] = []
+
+    def idle_chunk() -> float:
+        times = []
+        for _ in range(per_chunk):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+        idle_all.extend(times)
+        return statistics.median(times) * 1e6
+
+    before_us = idle_chunk()
+    measured = []
     for size, n_calls in zip(sizes_bytes, calls, strict=True):
         buf = torch.ones(max(1, size // 4))
         allreduce(buf)  # warm: connections and buffers of this size
@@ -132,17 +151,40 @@ def measure_interference(
         thread.start()
         busy = _probe_while(thread.is_alive, run)
         thread.join()
-        busy_us = statistics.median(busy) * 1e6 if busy else plain_us
+        after_us = idle_chunk()
+        measured.append(
+            (buf, elapsed[0] * 1e6 / n_calls, busy, (before_us + after_us) / 2, alone_us)
+        )
+        before_us = after_us
+    idle_us = statistics.median(idle_all) * 1e6
+    samples = []
+    for buf, call_us, busy, ref_us, alone_us in measured:
+        busy_us = statistics.median(busy) * 1e6 if busy else ref_us
         samples.append(
             InterferenceSample(
                 size_bytes=int(buf.numel() * 4),
-                call_us=elapsed[0] * 1e6 / n_calls,
-                loss=max(0.0, 1.0 - plain_us / busy_us),
+                call_us=call_us,
+                loss=drift_corrected_loss(
+                    plain_us=plain_us, idle_us=idle_us, ref_us=ref_us, busy_us=busy_us
+                ),
                 probes=len(busy),
                 alone_us=alone_us,
             )
         )
     return idle_us, samples
+
+
+def drift_corrected_loss(
+    *, plain_us: float, idle_us: float, ref_us: float, busy_us: float
+) -> float:
+    """The fraction of compute lost beside the calls, against the probe before the backend
+    started: the slowdown ``busy / ref`` against the idle probes taken around the calls, carried
+    to the whole measurement's idle time (``busy * idle / ref``: what the probe would have
+    taken beside the calls had the machine run as it did on average). A drift of the machine
+    that scales ``busy`` and ``ref`` alike cancels."""
+    if busy_us <= 0 or ref_us <= 0:
+        return 0.0
+    return max(0.0, 1.0 - plain_us * ref_us / (busy_us * idle_us))
 
 
 def fit_interference(
