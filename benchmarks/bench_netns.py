@@ -354,7 +354,7 @@ def worker_interference(args: argparse.Namespace) -> None:
         rank=rank,
         window_us=INTERFERENCE_WINDOW_US,
         probe=step,
-        idle_reps=PROBE_REPS,
+        idle_reps=IDLE_REPS,
     )
 
 
@@ -363,12 +363,14 @@ class UnitLog:
 
     def __init__(self) -> None:
         self.done: list[tuple[int, float]] = []
+        self.timing = True  # off during warm-up: only the measured blocks' units count
 
     def on_grad_ready(self, tensor: int, t_us: float) -> None:
         pass
 
     def on_unit_done(self, unit_index: int, size_bytes: int, duration_us: float) -> None:
-        self.done.append((size_bytes, duration_us))
+        if self.timing:
+            self.done.append((size_bytes, duration_us))
 
 
 def worker_train(args: argparse.Namespace) -> None:
@@ -416,7 +418,7 @@ def worker_train(args: argparse.Namespace) -> None:
                 model,
                 schedule,
                 backend=args.backend,
-                monitor=unit_logs.setdefault(kind, UnitLog()) if kind == "pace" else None,
+                monitor=unit_logs.setdefault(kind, UnitLog()),
                 options=pace.runtime.RuntimeOptions(
                     sync=kind == "pace-sync",
                     # pace-serial: the replay issuing a unit only once the last one is done,
@@ -430,8 +432,11 @@ def worker_train(args: argparse.Namespace) -> None:
     kinds = args.variants.split(",")
     runs = {k: make(k) for k in kinds}
 
-    def block(kind: str, steps: int) -> list[float]:
+    def block(kind: str, steps: int, *, timed: bool = True) -> list[float]:
         model, opt = runs[kind]
+        log = unit_logs.get(kind)
+        if log is not None:
+            log.timing = timed
         starts = []
         for _ in range(steps + 1):
             starts.append(time.perf_counter())
@@ -443,7 +448,7 @@ def worker_train(args: argparse.Namespace) -> None:
         return [b - a for a, b in itertools.pairwise(starts)]
 
     for k in kinds:
-        block(k, 2)  # warm-up (DDP rebuilds its buckets after the first iteration)
+        block(k, 2, timed=False)  # warm-up (DDP rebuilds its buckets after the first iteration)
     periods: dict[str, list[float]] = {k: [] for k in kinds}
     for b in range(args.blocks):
         for k in kinds if b % 2 == 0 else kinds[::-1]:
@@ -472,6 +477,11 @@ class Row:
     # No schedule of any kind beats this on the rate's fitted link: the zero-overhead optimal
     # preemptive makespan (CompileResult.lower_bound_us, no interference) plus the step.
     bound_ms: float | None = None
+    # The runtime's variants: their units' channel time per iteration (the unit logs), and the
+    # replay's (with the interference term). Where a period is mispredicted, these say whether
+    # the communication or the computation was slower than the model.
+    channel_ms: float | None = None
+    predicted_channel_ms: float | None = None
 
 
 def profile_trace(batch: int, out: Path) -> Any:
@@ -511,7 +521,8 @@ def fit_link(link: Link, backend: str, trace: Any, tmp: Path, reps: int) -> Any:
 
 INTERFERENCE_SIZES = (256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
 INTERFERENCE_WINDOW_US = 3_000_000.0  # back-to-back calls of one size last about this long
-PROBE_REPS = 7  # training steps timed alone (plain, idle); ~0.4 s each
+PROBE_REPS = 9  # training steps timed before the backend starts (plain); ~0.4 s each
+IDLE_REPS = 15  # ... and with it idle, in chunks around the sizes (3 per chunk)
 
 
 def fit_link_interference(
@@ -578,8 +589,22 @@ def predictions_ms(
     """The simulator's replay of each variant, plus the optimizer step the profiler measured.
 
     ``terms``: the interference term each variant runs with (``"*"`` for the rest); none: the
-    model without it (compute and communication independent).
+    model without it (compute and communication as independent).
     """
+    sims = simulate_variants(trace, schedule, sync_schedule, backend, terms=terms)
+    return {k: it for k, (it, _) in sims.items()}
+
+
+def simulate_variants(
+    trace: Any,
+    schedule: Any,
+    sync_schedule: Any,
+    backend: str,
+    *,
+    terms: dict[str, Any] | None = None,
+) -> dict[str, tuple[float, float]]:
+    """Per variant, in ms: the predicted period (the replay plus the step) and how long the
+    replay's channel was busy (what the runtime's unit logs measure)."""
     from pace.analysis import analyze
     from pace.compiler import sync_trace
     from pace.runtime import ONLINE_CREDIT_BYTES, RuntimeOptions
@@ -600,30 +625,33 @@ def predictions_ms(
     step_us = float(trace.meta.get("optimizer_us", 0.0))
     # The online mode's 16 MiB credit lets 4 pieces of 4 MiB be in flight. Both backends run
     # the runtime's collectives one at a time, in issue order (Horovod's background thread,
-    # the runtime's one-thread gloo group): one on the wire.
+    # the runtime's one-thread gloo group), so the 4 are a queue, committed when issued; and
+    # a piece goes only once every rank knows its gradient is ready (the readiness bitmaps).
     online = bytescheduler(partition_bytes=opts.partition_bytes, credit_bytes=ONLINE_CREDIT_BYTES)
-    sharing = SimOptions(credit=1)
-    pace_us = simulate(on("pace"), schedule_policy(schedule)).iteration_us
-    pred = {
-        # The runtime replays a schedule one unit at a time on the link: the contract's own
-        # semantics (queued ahead or issued one by one, the same order).
-        "pace": pace_us,
-        "pace-serial": pace_us,
-        "pace-sync": simulate(
-            sync_trace(on("pace-sync")), schedule_policy(sync_schedule)
-        ).iteration_us,
-        "online": simulate(on("online"), online, options=sharing).iteration_us,
-        # No communication at all: only a backend's idle loss slows compute.
-        "local": analyze(trace).critical_path_us * slow("local"),
+    as_run = SimOptions(queued=True, agreed_readiness=True)
+    # The runtime replays a schedule one unit at a time on the link: the contract's own
+    # semantics (queued ahead or issued one by one, the same order).
+    pace_sim = simulate(on("pace"), schedule_policy(schedule))
+    sims = {
+        "pace": pace_sim,
+        "pace-serial": pace_sim,
+        "pace-sync": simulate(sync_trace(on("pace-sync")), schedule_policy(sync_schedule)),
+        "online": simulate(on("online"), online, options=as_run),
     }
     if backend == "horovod":
-        pred["vanilla"] = simulate(on("vanilla"), "horovod").iteration_us
-        pred["vanilla-nofusion"] = simulate(
+        sims["vanilla"] = simulate(on("vanilla"), "horovod")
+        sims["vanilla-nofusion"] = simulate(
             on("vanilla-nofusion"), "fifo", options=SimOptions(barrier=True)
-        ).iteration_us
+        )
     else:
-        pred["vanilla"] = simulate(on("vanilla"), "ddp").iteration_us
-    return {k: (v + step_us * slow(k)) / 1e3 for k, v in pred.items()}
+        sims["vanilla"] = simulate(on("vanilla"), "ddp")
+    out = {
+        k: ((r.iteration_us + step_us * slow(k)) / 1e3, r.comm_busy_us / 1e3)
+        for k, r in sims.items()
+    }
+    # No communication at all: only a backend's idle loss slows compute.
+    out["local"] = ((analyze(trace).critical_path_us + step_us) * slow("local") / 1e3, 0.0)
+    return out
 
 
 def measure(args: argparse.Namespace) -> list[Row]:
@@ -665,21 +693,18 @@ def measure(args: argparse.Namespace) -> list[Row]:
                             link, backend, comm, tmp, env=None, tag="vanilla"
                         )
                     trace = dataclasses.replace(base, comm=comm)
-                    # The runtime's own per-unit handoff (issue, completion poll, negotiation),
-                    # measured before compiling with a generic schedule (one unit per
-                    # gradient). With --handoff it replaces the probe's per-call delay for the
-                    # variants the runtime drives and for the compiler; by default it is only
-                    # reported: unfused units skip the packing and copy-back that the compiled
-                    # schedule's fused units pay, so it under-charges them (docs/results.md).
+                    # The runtime's own units beside compute (issue, completion, negotiation,
+                    # packing), measured before compiling by training a few iterations with the
+                    # schedule the probe's term compiles to, and fitted as a per-call delay and
+                    # a stretch. With --handoff it replaces the probe's for the variants the
+                    # runtime drives and for the compiler, which then compiles again.
                     runtime_term = terms["*"]
                     if args.handoff or args.report_handoff:
-                        handoff_us = calibrate_handoff(
+                        calibrated = calibrate_handoff(
                             link, backend, trace, term=terms["*"], tmp=tmp, args=args
                         )
                         if args.handoff:
-                            runtime_term = dataclasses.replace(
-                                terms["*"], comm_us_per_call=handoff_us
-                            )
+                            runtime_term = calibrated
                             terms |= dict.fromkeys(("pace", "pace-sync", "online"), runtime_term)
                     # The compiler sees the link as it is, interference included.
                     result = compile_trace(
@@ -702,7 +727,8 @@ def measure(args: argparse.Namespace) -> list[Row]:
                         keep.mkdir(parents=True, exist_ok=True)
                         save_trace(trace, keep / f"{rate}-{backend}.trace.json.gz")
                         shutil.copy(sched_path, keep / sched_path.name)
-                    pred = predictions_ms(trace, result.schedule, sync, backend, terms=terms)
+                    sims = simulate_variants(trace, result.schedule, sync, backend, terms=terms)
+                    pred = {k: it for k, (it, _) in sims.items()}
                     bound_ms = (
                         result.lower_bound_us + float(trace.meta.get("optimizer_us", 0.0))
                     ) / 1e3
@@ -711,6 +737,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     ratio = statistics.median(measured["local"]) * 1e3 / independent["local"]
                     _say(f"    compute in the run / in the profile: {ratio:.3f}")
                     _report_units(tmp / f"train-{backend}.json.pace.units", comm, result.schedule)
+                    iterations = args.blocks * (args.steps + 1)
                     for variant, periods in measured.items():
                         q = statistics.quantiles(periods, n=4) if len(periods) > 1 else [0, 0, 0]
                         rows.append(
@@ -723,6 +750,10 @@ def measure(args: argparse.Namespace) -> list[Row]:
                                 predicted_ms=pred.get(variant),
                                 independent_ms=independent.get(variant),
                                 bound_ms=bound_ms,
+                                channel_ms=_channel_per_iteration_ms(
+                                    tmp / f"train-{backend}.json.{variant}.units", iterations
+                                ),
+                                predicted_channel_ms=sims.get(variant, (0.0, None))[1],
                             )
                         )
                     _print_rows([r for r in rows if r.rate == rate and r.backend == backend])
@@ -759,37 +790,57 @@ HANDOFF_STEPS = 6  # calibration iterations (after 2 of warm-up)
 
 def calibrate_handoff(
     link: Link, backend: str, trace: Any, *, term: Any, tmp: Path, args: argparse.Namespace
-) -> float:
-    """The runtime's per-unit handoff beside compute, in us: its median channel time per unit
-    beyond the cost model, training a few iterations with a generic schedule (one unit per
-    gradient, compiled without fusion), not the schedule being predicted."""
+) -> Any:
+    """``term`` with the runtime's own channel time beside compute: train a few iterations
+    with the schedule that ``term`` compiles to (its fused units pack and copy back), fit each
+    unit's channel time beyond the cost model as ``c0 + c1 * bytes``, and express that as the
+    term's per-call delay and stretch (a call beside compute takes ``(1 + stretch) * cost +
+    comm_us_per_call``, so ``stretch = c1 / beta`` and ``comm_us_per_call = c0 - stretch *
+    alpha``)."""
+    import numpy as np
+    from scipy.optimize import nnls
+
     from pace.compiler import compile_trace
     from pace.io import save_schedule
 
-    probe_trace = dataclasses.replace(
-        trace, comm=dataclasses.replace(trace.comm, interference=term)
-    )
-    generic = compile_trace(probe_trace, fusion="none", robust=False, baselines=False).schedule
+    comm = trace.comm
+    probe_trace = dataclasses.replace(trace, comm=dataclasses.replace(comm, interference=term))
+    first = compile_trace(probe_trace, baselines=False).schedule
     path = tmp / f"handoff-{backend}.schedule.json"
-    save_schedule(generic, path)
+    save_schedule(first, path)
     out = tmp / f"handoff-{backend}.json"
     argv = ["--role", "train", "--backend", backend, "--schedule", str(path)]
     argv += ["--sync-schedule", str(path), "--batch", str(args.batch), "--blocks", "1"]
     argv += ["--steps", str(HANDOFF_STEPS), "--variants", "pace", "--out", str(out)]
     launch(link, backend, argv, pace_horovod_env() if backend == "horovod" else None)
-    done, extra_us = _units_beyond_cost(Path(f"{out}.pace.units"), trace.comm)
-    extra = statistics.median(extra_us)
+    done, extra_us = _units_beyond_cost(Path(f"{out}.pace.units"), comm)
+    size = np.array([b for b, _ in done], dtype=float)
+    scale = float(size.max())
+    (c0, c1_scaled), _ = nnls(np.column_stack([np.ones_like(size), size / scale]), extra_us)
+    stretch = float(c1_scaled) / scale / comm.beta_us_per_byte
+    per_call = max(0.0, float(c0) - stretch * comm.alpha_us)
     _say(
-        f"    runtime handoff ({len(generic.units)} units per iteration, {len(done)} timed): "
-        f"median {extra / 1e3:.2f} ms per unit beyond the cost model"
+        f"    runtime units beside compute ({len(first.units)} per iteration, {len(done)} "
+        f"timed): beyond the cost model, median {statistics.median(extra_us) / 1e3:.2f} ms; "
+        f"fit {c0 / 1e3:.2f} ms per unit + {c1_scaled / scale * 2**20 / 1e3:.3f} ms per MiB: "
+        f"per-call delay {per_call / 1e3:.2f} ms, stretch {stretch:.3f} (the probe's: "
+        f"{term.comm_us_per_call / 1e3:.2f} ms, {term.comm_stretch:.3f})"
     )
-    return float(max(0.0, extra))
+    return dataclasses.replace(term, comm_us_per_call=per_call, comm_stretch=stretch)
 
 
 def _units_beyond_cost(path: Path, comm: Any) -> tuple[list[Any], list[float]]:
     """A ``UnitLog`` file's ``(bytes, us)`` per unit, and each one's time beyond the model."""
     done = json.loads(path.read_text())
     return done, [us - comm.cost_us(b) for b, us in done]
+
+
+def _channel_per_iteration_ms(path: Path, iterations: int) -> float | None:
+    """A runtime variant's units' channel time per measured iteration (its unit log)."""
+    if not path.exists():
+        return None
+    done = json.loads(path.read_text())
+    return float(sum(us for _, us in done)) / 1e3 / iterations
 
 
 def _report_units(path: Path, comm: Any, schedule: Any) -> None:
@@ -873,6 +924,24 @@ def _print_goal(rows: Sequence[Row], *, markdown: bool = False) -> None:
     _print_table(head, lines, markdown=markdown)
 
 
+def _print_channel(rows: Sequence[Row], *, markdown: bool = False) -> None:
+    """Per runtime variant: its units' channel time per iteration, measured and predicted,
+    beside its period's error: where the two differences agree, the communication (not the
+    computation) is what the model got wrong."""
+    head = ["rate", "backend", "variant", "channel ms", "predicted ms", "channel miss ms"]
+    head += ["period miss ms"]
+    lines = []
+    for r in rows:
+        if r.channel_ms is None or r.predicted_channel_ms is None or r.predicted_ms is None:
+            continue
+        channel_miss = f"{r.channel_ms - r.predicted_channel_ms:+.1f}"
+        period_miss = f"{r.measured_ms - r.predicted_ms:+.1f}"
+        cells = [r.rate, r.backend, r.variant, _ms(r.channel_ms), _ms(r.predicted_channel_ms)]
+        lines.append([*cells, channel_miss, period_miss])
+    if lines:
+        _print_table(head, lines, markdown=markdown)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
@@ -901,12 +970,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--handoff",
         action="store_true",
-        help="predict and compile the runtime's variants with its measured per-unit handoff",
+        help="predict and compile the runtime's variants with their units' channel time "
+        "measured in a short run of the probe-compiled schedule",
     )
     ap.add_argument(
         "--report-handoff",
         action="store_true",
-        help="measure and print the runtime's per-unit handoff (a generic schedule)",
+        help="measure and print the runtime's units' channel time (see --handoff)",
     )
     ap.add_argument(
         "--compare-serial",
@@ -953,6 +1023,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "makespan on the fitted link plus the step"
     )
     _print_goal(rows, markdown=args.markdown)
+    print()
+    print(
+        "the runtime's units: channel time per iteration (from a unit's start on the channel, "
+        "its issue or the last completion, to its completion), measured and predicted, and the "
+        "misses (measured - predicted) of the channel time and of the period"
+    )
+    _print_channel(rows, markdown=args.markdown)
     return 0
 
 
