@@ -482,6 +482,11 @@ class Row:
     # the communication or the computation was slower than the model.
     channel_ms: float | None = None
     predicted_channel_ms: float | None = None
+    # The same replay with the compute that the variant's own launch measured (its `local`
+    # run: the profile's compute scaled to it, the backend's idle loss included): the model of
+    # communication and interference alone, without the shared machine's drift since the
+    # profile. Not for the `local` rows, which calibrate it.
+    calibrated_ms: float | None = None
 
 
 def profile_trace(batch: int, out: Path) -> Any:
@@ -650,7 +655,47 @@ def simulate_variants(
         for k, r in sims.items()
     }
     # No communication at all: only a backend's idle loss slows compute.
-    out["local"] = ((analyze(trace).critical_path_us + step_us) * slow("local") / 1e3, 0.0)
+    compute_ms = (analyze(trace).critical_path_us + step_us) / 1e3
+    out["local"] = (compute_ms * slow("local"), 0.0)
+    if backend == "horovod":
+        out["local@vanilla"] = (compute_ms * slow("vanilla"), 0.0)
+    return out
+
+
+def launch_calibrated_ms(
+    trace: Any,
+    schedule: Any,
+    sync_schedule: Any,
+    backend: str,
+    *,
+    terms: dict[str, Any],
+    measured: dict[str, list[float]],
+) -> dict[str, float]:
+    """Per variant: the prediction with the compute its own launch measured. The profile's
+    op durations and step are scaled so that compute alone takes what the launch's `local`
+    run took; that run already paid the backend's idle loss, so the terms' idle loss is
+    dropped (what a profile taken inside the job would have seen)."""
+    from pace.analysis import analyze
+
+    step_us = float(trace.meta.get("optimizer_us", 0.0))
+    compute_ms = (analyze(trace).critical_path_us + step_us) / 1e3
+    idle_free = {k: dataclasses.replace(t, idle_loss=0.0) for k, t in terms.items()}
+    out: dict[str, float] = {}
+    for local in dict.fromkeys(local_of(v, backend) for v in measured if not v.startswith("local")):
+        scale = statistics.median(measured[local]) * 1e3 / compute_ms
+        scaled = dataclasses.replace(
+            trace,
+            ops=tuple(
+                dataclasses.replace(op, duration_us=op.duration_us * scale) for op in trace.ops
+            ),
+            meta={**trace.meta, "optimizer_us": step_us * scale},
+        )
+        sims = simulate_variants(scaled, schedule, sync_schedule, backend, terms=idle_free)
+        out |= {
+            v: sims[v][0]
+            for v in measured
+            if v in sims and not v.startswith("local") and local_of(v, backend) == local
+        }
     return out
 
 
@@ -736,6 +781,9 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     measured = _train(link, backend, sched_path, tmp, args)
                     ratio = statistics.median(measured["local"]) * 1e3 / independent["local"]
                     _say(f"    compute in the run / in the profile: {ratio:.3f}")
+                    calibrated = launch_calibrated_ms(
+                        trace, result.schedule, sync, backend, terms=terms, measured=measured
+                    )
                     _report_units(tmp / f"train-{backend}.json.pace.units", comm, result.schedule)
                     iterations = args.blocks * (args.steps + 1)
                     for variant, periods in measured.items():
@@ -754,6 +802,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                                     tmp / f"train-{backend}.json.{variant}.units", iterations
                                 ),
                                 predicted_channel_ms=sims.get(variant, (0.0, None))[1],
+                                calibrated_ms=calibrated.get(variant),
                             )
                         )
                     _print_rows([r for r in rows if r.rate == rate and r.backend == backend])
@@ -770,19 +819,29 @@ def _train(
     common += ["--batch", str(args.batch), "--blocks", str(args.blocks), "--steps", str(args.steps)]
     out: dict[str, list[float]] = {}
     runtime = ["online", "pace", *(["pace-serial"] if args.compare_serial else []), "pace-sync"]
+    # Every launch also trains `local` (no communication): the compute of that launch, which
+    # calibrates the launch's `calibrated` predictions. Horovod's vanilla launch calls its own
+    # `local@vanilla` (Horovod's defaults idle differently from the runtime's settings).
     if backend == "horovod":
         launches = [
-            (["vanilla"], None),
-            (["vanilla-nofusion", *runtime, "local"], pace_horovod_env()),
+            (["vanilla", "local"], None, "local@vanilla"),
+            (["vanilla-nofusion", *runtime, "local"], pace_horovod_env(), "local"),
         ]
     else:
-        launches = [(["vanilla", *runtime, "local"], None)]
-    for variants, env in launches:
+        launches = [(["vanilla", *runtime, "local"], None, "local")]
+    for variants, env, local_name in launches:
         path = tmp / f"train-{backend}.json"
         _say(f"  training {', '.join(variants)} ...")
         launch(link, backend, [*common, "--variants", ",".join(variants), "--out", str(path)], env)
-        out |= {k: [float(v) for v in vs] for k, vs in json.loads(path.read_text()).items()}
+        got = {k: [float(v) for v in vs] for k, vs in json.loads(path.read_text()).items()}
+        got[local_name] = got.pop("local")
+        out |= got
     return out
+
+
+def local_of(variant: str, backend: str) -> str:
+    """The `local` run of the launch that trains ``variant`` (see ``_train``)."""
+    return "local@vanilla" if backend == "horovod" and variant == "vanilla" else "local"
 
 
 HANDOFF_STEPS = 6  # calibration iterations (after 2 of warm-up)
@@ -872,20 +931,36 @@ def _ms(x: float | None) -> str:
 def _print_rows(rows: Sequence[Row], *, markdown: bool = False) -> None:
     base = {(r.rate, r.backend): r for r in rows if r.variant == "vanilla"}
     head = ["rate", "backend", "variant", "measured ms", "IQR ms", "speed-up"]
-    head += ["predicted ms", "error", "pred. speed-up", "independent ms", "error"]
+    head += ["predicted ms", "error", "pred. speed-up", "calibrated ms", "error"]
+    head += ["independent ms", "error"]
     lines = []
     for r in rows:
         v = base.get((r.rate, r.backend))
         speed = pspeed = "-"
-        if v is not None and r.variant not in ("vanilla", "local"):
+        if v is not None and r.variant != "vanilla" and not r.variant.startswith("local"):
             speed = f"{v.measured_ms / r.measured_ms:.3f}x"
             if v.predicted_ms and r.predicted_ms:
                 pspeed = f"{v.predicted_ms / r.predicted_ms:.3f}x"
         cells = [r.rate, r.backend, r.variant, _ms(r.measured_ms), _ms(r.spread_ms), speed]
         cells += [_ms(r.predicted_ms), _pct(r.predicted_ms, r.measured_ms), pspeed]
+        cells += [_ms(r.calibrated_ms), _pct(r.calibrated_ms, r.measured_ms)]
         cells += [_ms(r.independent_ms), _pct(r.independent_ms, r.measured_ms)]
         lines.append(cells)
     _print_table(head, lines, markdown=markdown)
+    summary = []
+    for name in ("predicted", "calibrated", "independent"):
+        errs = [
+            abs(x - r.measured_ms) / r.measured_ms
+            for r in rows
+            if (x := getattr(r, f"{name}_ms")) is not None and not r.variant.startswith("local")
+        ]
+        if errs:
+            within = sum(e <= 0.05 for e in errs)
+            summary.append(
+                f"{name}: mean |error| {statistics.fmean(errs):.1%}, median "
+                f"{statistics.median(errs):.1%}, {within} of {len(errs)} within 5%"
+            )
+    print("; ".join(summary) + " (rows other than local)")
 
 
 def _print_table(head: Sequence[str], lines: Sequence[Sequence[str]], *, markdown: bool) -> None:
@@ -910,7 +985,8 @@ def _print_goal(rows: Sequence[Row], *, markdown: bool = False) -> None:
     head += ["speed-up", "bound ms", "max speed-up"]
     lines = []
     for rate, backend in dict.fromkeys((r.rate, r.backend) for r in rows):
-        v, loc, p = (by.get((rate, backend, k)) for k in ("vanilla", "local", "pace"))
+        keys = ("vanilla", local_of("vanilla", backend), "pace")
+        v, loc, p = (by.get((rate, backend, k)) for k in keys)
         if v is None or loc is None or p is None:
             continue
         cells = [rate, backend, f"{v.measured_ms:.1f} ({v.spread_ms:.0f})", _ms(loc.measured_ms)]
