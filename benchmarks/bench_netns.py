@@ -438,14 +438,22 @@ def worker_train(args: argparse.Namespace) -> None:
         if log is not None:
             log.timing = timed
         starts = []
-        for _ in range(steps + 1):
-            starts.append(time.perf_counter())
+        for i in range(steps + 1):
+            t0 = time.perf_counter()
+            starts.append(t0)
             opt.zero_grad()
-            functional.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
+            loss = functional.cross_entropy(model(x), y)
+            t1 = time.perf_counter()
+            loss.backward()  # type: ignore[no-untyped-call]
+            t2 = time.perf_counter()
             opt.step()
+            if timed and i < steps:  # where each measured period went (forward, backward, step)
+                phases[kind].append((t1 - t0, t2 - t1, time.perf_counter() - t2))
         if kind in ("online", "pace", "pace-serial", "pace-sync"):
             opt.synchronize()  # drain before the next variant's block (vanilla's step() did)
         return [b - a for a, b in itertools.pairwise(starts)]
+
+    phases: dict[str, list[tuple[float, float, float]]] = {k: [] for k in kinds}
 
     for k in kinds:
         block(k, 2, timed=False)  # warm-up (DDP rebuilds its buckets after the first iteration)
@@ -458,6 +466,7 @@ def worker_train(args: argparse.Namespace) -> None:
             opt.close()
     if rank == 0:
         Path(args.out).write_text(json.dumps(periods))
+        Path(f"{args.out}.phases").write_text(json.dumps(phases))
         for kind, log in unit_logs.items():  # what each unit held the channel for
             Path(f"{args.out}.{kind}.units").write_text(json.dumps(log.done))
 
@@ -834,6 +843,11 @@ def _train(
         _say(f"  training {', '.join(variants)} ...")
         launch(link, backend, [*common, "--variants", ",".join(variants), "--out", str(path)], env)
         got = {k: [float(v) for v in vs] for k, vs in json.loads(path.read_text()).items()}
+        for kind, rows in json.loads(Path(f"{path}.phases").read_text()).items():
+            # The training thread's time per phase: in forward it also waits for updates (the
+            # runtime's overlapped mode), in backward for reductions (DDP, sync modes).
+            fw, bw, st = (statistics.median(r[i] for r in rows) * 1e3 for i in range(3))
+            _say(f"    {kind}: forward {fw:.1f} ms, backward {bw:.1f} ms, step {st:.1f} ms")
         got[local_name] = got.pop("local")
         out |= got
     return out
