@@ -229,6 +229,35 @@ def best_lower_bound_us(trace: Trace) -> tuple[float, str]:
         return analyze(trace).critical_path_us, "critical-path"
 
 
+def in_issue_order(schedule: Schedule, trace: Trace) -> Schedule:
+    """``schedule`` with its priorities renumbered 0, 1, ... in the order its own replay starts
+    the units.
+
+    The replay contract starts the ready unit with the smallest priority, so a schedule may
+    list a unit first that is ready late, and the replay sends later ones before it. The
+    runtime cannot: every rank must issue the same collectives in the same order without
+    negotiating, so it issues units strictly in priority order, each once its gradients are
+    ready, and one ready late holds back all after it. Numbered by the replay's start order,
+    the replay makes the same choice at every step (the unit it started was the smallest
+    priority ready then, and every smaller one had started), so the prediction is unchanged,
+    and the runtime's strict order is the replay's order.
+    """
+    from pace.sim import schedule_policy, simulate
+
+    res = simulate(trace, schedule_policy(schedule))
+    order = sorted(
+        range(len(schedule.units)),
+        key=lambda u: (res.unit_start_us[u], schedule.units[u].priority, u),
+    )
+    rank = {u: float(pos) for pos, u in enumerate(order)}
+    if all(schedule.units[u].priority == rank[u] for u in order):
+        return schedule
+    units = tuple(
+        dataclasses.replace(unit, priority=rank[u]) for u, unit in enumerate(schedule.units)
+    )
+    return dataclasses.replace(schedule, units=units)
+
+
 def compile_trace(
     trace: Trace,
     *,
@@ -349,6 +378,7 @@ def compile_trace(
                 f"baseline {best!r} replays faster ({beaten[best]:.1f} us) than the compiled "
                 f"schedule ({sched.predicted_iteration_us:.1f} us)"
             )
+    sched = in_issue_order(sched, compiled)
     if compute_speedup is not None or mode != "overlap":
         # The schedule keeps the digest of the trace it was given and records what changes the
         # meaning of its replay (pace validate re-applies it).
