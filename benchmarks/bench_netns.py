@@ -260,6 +260,19 @@ def _init_backend(backend: str) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def _close_backend(backend: str) -> None:
+    """Tear a torch process group down before the interpreter exits: left to exit-time
+    destructors, gloo's threads can abort the process ("terminate called without an active
+    exception") after its work is done, failing the launch."""
+    if backend == "horovod":
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def worker_comm(args: argparse.Namespace) -> None:
     """All-reduce times over the link: per size, median over reps of the slowest rank."""
     import torch
@@ -1084,14 +1097,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.role == "hvd-driver":
         hvd_driver(args.link, [a for a in rest if a != "--"])
         return 0
-    if args.role == "comm":
-        worker_comm(args)
-        return 0
-    if args.role == "train":
-        worker_train(args)
-        return 0
-    if args.role == "interference":
-        worker_interference(args)
+    workers = {"comm": worker_comm, "train": worker_train, "interference": worker_interference}
+    if args.role in workers:
+        workers[args.role](args)
+        _close_backend(args.backend)
         return 0
     if rest:
         ap.error(f"unrecognised arguments: {' '.join(rest)}")
