@@ -698,6 +698,7 @@ def launch_calibrated_ms(
     run took; that run already paid the backend's idle loss, so the terms' idle loss is
     dropped (what a profile taken inside the job would have seen)."""
     from pace.analysis import analyze
+    from pace.compiler import apply_what_if
 
     step_us = float(trace.meta.get("optimizer_us", 0.0))
     compute_ms = (analyze(trace).critical_path_us + step_us) / 1e3
@@ -705,13 +706,9 @@ def launch_calibrated_ms(
     out: dict[str, float] = {}
     for local in dict.fromkeys(local_of(v, backend) for v in measured if not v.startswith("local")):
         scale = statistics.median(measured[local]) * 1e3 / compute_ms
-        scaled = dataclasses.replace(
-            trace,
-            ops=tuple(
-                dataclasses.replace(op, duration_us=op.duration_us * scale) for op in trace.ops
-            ),
-            meta={**trace.meta, "optimizer_us": step_us * scale},
-        )
+        # The what-if's compute speed-up scales the ops; the step is outside the replay.
+        faster = apply_what_if(trace, compute_speedup=1.0 / scale)
+        scaled = dataclasses.replace(faster, meta={**faster.meta, "optimizer_us": step_us * scale})
         sims = simulate_variants(scaled, schedule, sync_schedule, backend, terms=idle_free)
         out |= {
             v: sims[v][0]

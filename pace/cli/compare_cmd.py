@@ -138,9 +138,9 @@ def run(args: argparse.Namespace) -> int:
         mode = " ".join(parts)
         if opts["one_compute_stream"]:
             mode += " 1-stream"
-        if opts.get("queued"):
+        if opts["queued"]:
             mode += " queued"
-        if opts.get("agreed_readiness"):
+        if opts["agreed_readiness"]:
             mode += " agreed"
         table_rows.append(
             [
