@@ -27,7 +27,7 @@ from pace.cli._options import (
     float_in,
     int_in,
 )
-from pace.cli._output import print_json, print_table
+from pace.cli._output import print_json, print_table, warn
 from pace.errors import InputError
 from pace.options import COMM_BENCH_BACKENDS, PROFILE_TIMINGS
 
@@ -313,6 +313,7 @@ def run_profile_comm(args: argparse.Namespace) -> int:
         DEFAULT_SIZES_BYTES,
         benchmark_allreduce,
         comm_to_dict,
+        poor_fit_warning,
         save_comm,
         sizes_covering,
     )
@@ -338,6 +339,8 @@ def run_profile_comm(args: argparse.Namespace) -> int:
     except InputError as exc:
         raise _as_option(exc, default="profile-comm") from None
     save_comm(fit, args.output)
+    if (why := poor_fit_warning(fit)) is not None:
+        warn(f"{args.output}: {why}")
     if args.plot:
         from pace.profiler.plot import plot_comm
 

@@ -17,7 +17,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from pace.profiler.comm import _reps_for
+    from pace.profiler.comm import sweep_order
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", required=True)
@@ -32,21 +32,23 @@ def main() -> None:
 
         plain_us = probe_us()  # before Horovod's background loop starts
     hvd.init()
-    results: list[list[float]] = []
-    for size in (int(s) for s in args.sizes.split(",")):
-        buf = torch.ones(max(1, size // 4), dtype=torch.float32)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    bufs = [torch.ones(max(1, size // 4), dtype=torch.float32) for size in sizes]
+    for size, buf in zip(sizes, bufs, strict=True):
         for _ in range(args.warmup):
             hvd.allreduce_(buf, op=hvd.Sum, name=f"warm.{size}")
-        times: list[float] = []
-        for rep in range(_reps_for(size, args.reps)):
-            # A tiny all-reduce as a barrier: every rank starts the timed call together.
-            hvd.allreduce(torch.zeros(1), name=f"bar.{size}.{rep}")
-            t0 = time.perf_counter()
-            hvd.allreduce_(buf, op=hvd.Sum, name=f"ar.{size}")
-            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            slowest = hvd.allgather(elapsed, name=f"t.{size}.{rep}").max()
-            times.append(float(slowest))
-        results.append([buf.numel() * 4, float(np.median(times)) * 1e6])
+    times: list[list[float]] = [[] for _ in bufs]
+    for i, rep in sweep_order(sizes, args.reps):
+        # A tiny all-reduce as a barrier: every rank starts the timed call together.
+        hvd.allreduce(torch.zeros(1), name=f"bar.{i}.{rep}")
+        t0 = time.perf_counter()
+        hvd.allreduce_(bufs[i], op=hvd.Sum, name=f"ar.{sizes[i]}")
+        elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        slowest = hvd.allgather(elapsed, name=f"t.{i}.{rep}").max()
+        times[i].append(float(slowest))
+    results = [
+        [buf.numel() * 4, float(np.median(t)) * 1e6] for buf, t in zip(bufs, times, strict=True)
+    ]
     if hvd.rank() == 0:
         Path(args.out).write_text(json.dumps(results))
     if args.interference:

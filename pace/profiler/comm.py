@@ -97,6 +97,30 @@ def _reps_for(size_bytes: int, reps: int) -> int:
     return max(3, min(reps, int(256 * 2**20 // max(size_bytes, 1))))
 
 
+def sweep_order(sizes_bytes: Sequence[int], reps: int) -> list[tuple[int, int]]:
+    """The timed calls of a sweep as ``(size index, repetition)``, sizes interleaved.
+
+    Round-robin over the sizes, not size after size: a host that slows down during the sweep
+    (another tenant, a frequency change) then slows every size alike, which moves ``alpha`` a
+    little instead of bending the fit. Measured sequentially on a loaded host, 4 KiB once took
+    4.3 ms and 4 MiB 2.4 ms, a negative slope clamped to ``beta = 0``."""
+    counts = [_reps_for(s, reps) for s in sizes_bytes]
+    return [(i, r) for r in range(max(counts)) for i, n in enumerate(counts) if r < n]
+
+
+def poor_fit_warning(fit: CommFit) -> str | None:
+    """Why a fit should not be trusted, or ``None``: a flat or worse-than-a-constant fit means
+    the timings measured the host's noise, not the link."""
+    m = fit.model
+    if m.beta_us_per_byte > 0 and fit.r2 >= 0.5:
+        return None
+    return (
+        f"the fit is poor (r2={fit.r2:.2f}, beta_us_per_byte={m.beta_us_per_byte:.3e}): the "
+        "times did not grow with size, so the host's load, not the link, set them. Measure "
+        "again on a quieter host or with more --reps, and cover larger sizes (--sizes)"
+    )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _SweepConfig:
     world: int
@@ -125,20 +149,21 @@ def _gloo_worker(rank: int, cfg: _SweepConfig) -> None:
         timeout=_dt.timedelta(seconds=300),
     )
     try:
-        results: list[list[float]] = []
-        for size in cfg.sizes:
-            buf = torch.ones(max(1, size // 4), dtype=torch.float32)
+        bufs = [torch.ones(max(1, size // 4), dtype=torch.float32) for size in cfg.sizes]
+        for buf in bufs:
             for _ in range(cfg.warmup):
                 dist.all_reduce(buf)
-            times: list[float] = []
-            for _ in range(_reps_for(size, cfg.reps)):
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_reduce(buf)
-                elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-                times.append(float(elapsed.item()))
-            results.append([buf.numel() * 4, float(np.median(times)) * 1e6])
+        times: list[list[float]] = [[] for _ in bufs]
+        for i, _rep in sweep_order(cfg.sizes, cfg.reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(bufs[i])
+            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            times[i].append(float(elapsed.item()))
+        results = [
+            [buf.numel() * 4, float(np.median(t)) * 1e6] for buf, t in zip(bufs, times, strict=True)
+        ]
         if rank == 0:
             Path(cfg.out).write_text(json.dumps(results))
         if cfg.interference:
