@@ -10,8 +10,9 @@ for), ``pace.lp.lower_bound_us`` and ``pace.sim.compare`` for the baselines, all
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pace.errors import InputError, SolverError
@@ -256,6 +257,23 @@ def in_issue_order(schedule: Schedule, trace: Trace) -> Schedule:
         dataclasses.replace(unit, priority=rank[u]) for u, unit in enumerate(schedule.units)
     )
     return dataclasses.replace(schedule, units=units)
+
+
+def issue_order_problem(schedule: Schedule, unit_start_us: Sequence[float]) -> str | None:
+    """Why the runtime would not send ``schedule``'s units in the order its replay starts them
+    (``unit_start_us``), or ``None``: the first pair whose priorities run against their start
+    times (see ``in_issue_order``)."""
+    units = schedule.units
+    order = sorted(range(len(units)), key=lambda u: (unit_start_us[u], units[u].priority, u))
+    for prev, nxt in itertools.pairwise(order):
+        if units[nxt].priority < units[prev].priority:
+            return (
+                f"unit {nxt} (priority {units[nxt].priority:g}) starts after unit {prev} "
+                f"(priority {units[prev].priority:g}) in the replay, but the runtime issues "
+                f"strictly in priority order: unit {prev} would wait behind it, slower than "
+                "predicted. Compile again (`pace compile` numbers them in start order)"
+            )
+    return None
 
 
 def compile_trace(

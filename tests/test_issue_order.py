@@ -5,12 +5,18 @@ no negotiation), issues them exactly as the prediction assumed (pace.compiler.in
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pace.compiler import compile_trace, in_issue_order
+from pace.cli import main
+from pace.compiler import compile_trace, in_issue_order, issue_order_problem
+from pace.digest import trace_digest
+from pace.io import save_schedule, save_trace
 from pace.ir import CommModel, Interference, Op, Schedule, Slice, Tensor, Trace, Unit
 from pace.sim import schedule_policy, simulate
 from pace.sim.core import Decision, Policy
@@ -87,3 +93,58 @@ def test_compiled_priorities_are_the_replays_order(trace: Trace, interference: b
     assert starts == sorted(starts)
     strict = simulate(res.trace, strictly_in_order(sched))
     assert strict.iteration_us == pytest.approx(replay.iteration_us, rel=1e-9, abs=1e-6)
+
+
+def test_issue_order_problem_names_the_late_first_unit_and_clears_once_renumbered() -> None:
+    trace, sched = late_first()
+    starts = simulate(trace, schedule_policy(sched)).unit_start_us
+    why = issue_order_problem(sched, starts)
+    assert why is not None
+    assert "unit 0 (priority 0)" in why
+    assert "unit 1 would wait behind it" in why
+    fixed = in_issue_order(sched, trace)
+    assert issue_order_problem(fixed, simulate(trace, schedule_policy(fixed)).unit_start_us) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(trace=traces(max_layers=8), seed=st.randoms(use_true_random=False))
+def test_issue_order_problem_iff_strict_issue_is_not_the_replay(trace: Trace, seed: Any) -> None:
+    """Whatever the priorities: no problem reported means the strict issuer replays the same
+    iteration; renumbering always clears the report."""
+    sched = compile_trace(trace, baselines=False).schedule
+    prios = [float(p) for p in range(len(sched.units))]
+    seed.shuffle(prios)
+    shuffled = dataclasses.replace(
+        sched,
+        units=tuple(
+            dataclasses.replace(u, priority=p) for u, p in zip(sched.units, prios, strict=True)
+        ),
+    )
+    replay = simulate(trace, schedule_policy(shuffled))
+    if issue_order_problem(shuffled, replay.unit_start_us) is None:
+        strict = simulate(trace, strictly_in_order(shuffled))
+        assert strict.iteration_us == pytest.approx(replay.iteration_us, rel=1e-9, abs=1e-6)
+    fixed = in_issue_order(shuffled, trace)
+    assert issue_order_problem(fixed, simulate(trace, schedule_policy(fixed)).unit_start_us) is None
+
+
+def test_validate_warns_about_a_schedule_out_of_runtime_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace, sched = late_first()
+    trace_path = tmp_path / "t.json"
+    save_trace(trace, trace_path)
+    digest = trace_digest(trace)
+    for name, numbered in (("bad", sched), ("good", in_issue_order(sched, trace))):
+        replayed = simulate(trace, schedule_policy(numbered)).iteration_us
+        save_schedule(
+            dataclasses.replace(numbered, trace_digest=digest, predicted_iteration_us=replayed),
+            tmp_path / f"{name}.json",
+        )
+        assert (
+            main(["validate", str(tmp_path / f"{name}.json"), "--trace", str(trace_path), "--json"])
+            == 0
+        )
+        out = capsys.readouterr()
+        assert json.loads(out.out)["in_runtime_order"] is (name == "good")
+        assert ("strictly in priority order" in out.err) is (name == "bad")

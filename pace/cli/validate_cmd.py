@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from pace.cli._output import print_json
+from pace.cli._output import print_json, warn
 from pace.errors import InputError
 from pace.io import (
     SCHEDULE_FORMAT,
@@ -47,13 +47,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 _PREDICTION_RTOL = 1e-6
 
 
-def _check_prediction(schedule: Schedule, trace: Trace, where: str) -> None:
+def _check_prediction(schedule: Schedule, trace: Trace, where: str) -> bool:
     """``predicted_iteration_us`` must be the replay of exactly this file (docs/schedule-format.md).
+    Returns whether the runtime sends the units in the replay's order (a warning when not).
 
     The replay uses the schedule's own ``cost_model`` and ``meta.compute_speedup``: a what-if
     compile legitimately differs from the trace's measured one.
     """
-    from pace.compiler import apply_what_if
+    from pace.compiler import apply_what_if, issue_order_problem
     from pace.sim import schedule_policy, simulate
 
     if schedule.compute_speedup is not None:  # pace.io held it to its range
@@ -63,6 +64,9 @@ def _check_prediction(schedule: Schedule, trace: Trace, where: str) -> None:
     replay = simulate(
         dataclasses.replace(trace, comm=schedule.cost_model), schedule_policy(schedule)
     )
+    why = issue_order_problem(schedule, replay.unit_start_us)
+    if why is not None:
+        warn(f"{where}: units: {why}")
     predicted = schedule.predicted_iteration_us
     if abs(replay.iteration_us - predicted) > _PREDICTION_RTOL * max(1.0, abs(replay.iteration_us)):
         raise InputError(
@@ -71,6 +75,7 @@ def _check_prediction(schedule: Schedule, trace: Trace, where: str) -> None:
             where=where,
             field="predicted_iteration_us",
         )
+    return why is None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,15 +105,18 @@ def run(args: argparse.Namespace) -> int:
     elif fmt == SCHEDULE_FORMAT:
         schedule = schedule_from_dict(obj, where=where)
         checked = args.trace is not None
+        in_runtime_order: bool | None = None
         if checked:
             trace = load_trace(args.trace)
             verify_schedule(schedule, trace, where=where)
-            _check_prediction(schedule, trace, where)
+            in_runtime_order = _check_prediction(schedule, trace, where)
         summary = {
             "file": where,
             "kind": "schedule",
             "valid": True,
             "checked_against_trace": checked,
+            # Whether priorities follow the replay's start order (None: no trace to replay).
+            "in_runtime_order": in_runtime_order,
             "units": len(schedule.units),
             "predicted_iteration_us": schedule.predicted_iteration_us,
             "trace_digest": schedule.trace_digest,
