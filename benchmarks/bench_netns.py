@@ -985,6 +985,37 @@ def _print_rows(rows: Sequence[Row], *, markdown: bool = False) -> None:
                 f"{statistics.median(errs):.1%}, {within} of {len(errs)} within 5%"
             )
     print("; ".join(summary) + " (rows other than local)")
+    agree, against, close = ranking_agreement(rows)
+    print(
+        f"ranking: of {len(agree) + len(against)} pairs of variants (same rate and backend) "
+        "measured further apart than half the larger IQR, the prediction orders "
+        f"{len(agree)} the same way"
+        + (f" and these the other way: {', '.join(against)}" if against else "")
+        + f"; {close} pairs within the spread"
+    )
+
+
+def ranking_agreement(rows: Sequence[Row]) -> tuple[list[str], list[str], int]:
+    """Does the simulator rank the variants as the link did? Per rate and backend, every pair of
+    variants whose measured periods differ by more than half the larger IQR (closer than that,
+    the run cannot tell them apart) is ordered by the prediction the same way or not. Returns
+    the agreeing and disagreeing pairs (named) and how many pairs were within the spread."""
+    agree: list[str] = []
+    against: list[str] = []
+    close = 0
+    ranked = [r for r in rows if r.predicted_ms is not None and not r.variant.startswith("local")]
+    for a, b in itertools.combinations(ranked, 2):
+        if (a.rate, a.backend) != (b.rate, b.backend):
+            continue
+        assert a.predicted_ms is not None
+        assert b.predicted_ms is not None
+        measured = a.measured_ms - b.measured_ms
+        if abs(measured) <= max(a.spread_ms, b.spread_ms) / 2:
+            close += 1
+            continue
+        name = f"{a.rate} {a.backend} {a.variant}/{b.variant}"
+        (agree if measured * (a.predicted_ms - b.predicted_ms) > 0 else against).append(name)
+    return agree, against, close
 
 
 def _print_table(head: Sequence[str], lines: Sequence[Sequence[str]], *, markdown: bool) -> None:
@@ -1069,9 +1100,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print the final table as markdown")
     ap.add_argument(
         "--handoff",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="predict and compile the runtime's variants with their units' channel time "
-        "measured in a short run of the probe-compiled schedule",
+        "measured in a short run of the probe-compiled schedule (default; --no-handoff: the "
+        "interference probe's term alone)",
     )
     ap.add_argument(
         "--report-handoff",
