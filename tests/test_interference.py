@@ -164,26 +164,44 @@ def test_a_drift_shared_by_busy_and_its_reference_cancels(
     assert at_rest == pytest.approx(1.0 - plain / (idle * slowdown), abs=1e-12)
 
 
-def test_measuring_on_a_drifting_machine_gives_the_calls_slowdown() -> None:
+def test_measuring_on_a_drifting_machine_gives_the_calls_slowdown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A probe that slows down steadily (the machine drifting) and 1.25x more while all-reduces
-    run: the loss attributed to the calls is the 1.25x, not the drift since the plain probe."""
-    import threading
-    import time
+    run: the loss attributed to the calls is the 1.25x, not the drift since the plain probe.
 
+    On a virtual clock that only the probe advances, and with each all-reduce beside compute
+    lasting exactly three probes, so the host's load cannot move the result."""
+    import threading
+    import types
+
+    from pace.profiler import interference
+
+    now = [0.0]
+    monkeypatch.setattr(interference, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     calls_running = threading.Event()
+    done = threading.Condition()
     count = [0]
+    beside_calls = [0]
 
     def probe() -> None:
-        count[0] += 1
-        drift = 1.0 + 0.04 * count[0]
-        time.sleep(0.002 * drift * (1.25 if calls_running.is_set() else 1.0))
+        drift = 1.0 + 0.04 * (count[0] + 1)
+        now[0] += 0.002 * drift * (1.25 if calls_running.is_set() else 1.0)
+        with done:
+            count[0] += 1
+            done.notify_all()
 
     def allreduce(buf: object) -> None:
-        beside = threading.current_thread().name == "pace-interference-comm"
-        if beside:
-            calls_running.set()
-        time.sleep(0.01)
-        if beside:
+        if threading.current_thread().name != "pace-interference-comm":
+            now[0] += 0.01  # alone: the rank's own timing of the calls
+            return
+        calls_running.set()  # stays set through the burst of six calls
+        with done:
+            target = count[0] + 3
+            if not done.wait_for(lambda: count[0] >= target, timeout=30):
+                raise TimeoutError("the probe stopped")
+        beside_calls[0] += 1
+        if beside_calls[0] % 6 == 0:
             calls_running.clear()
 
     idle_us, samples = measure_interference(
@@ -197,9 +215,10 @@ def test_measuring_on_a_drifting_machine_gives_the_calls_slowdown() -> None:
     assert count[0] > 30
     assert idle_us > 2000.0 * 1.5  # the drift is large against the plain probe ...
     for s in samples:
+        assert s.probes >= 15
         # ... but 1 - loss = (plain / idle) * (ref / busy) recovers ref / busy = 1 / 1.25.
         ratio = (1.0 - s.loss) / (2000.0 / idle_us)
-        assert ratio == pytest.approx(1 / 1.25, abs=0.08)
+        assert ratio == pytest.approx(1 / 1.25, abs=0.05)
 
 
 def test_the_term_round_trips_through_the_trace_format() -> None:
