@@ -349,13 +349,24 @@ def _fit_comm(
 ) -> tuple[float, float, tuple[tuple[int, float], ...]]:
     """(alpha, beta) from unit samples: median duration per size, then a linear fit.
 
-    Medians per distinct size first, so one slow call does not tilt the line. With a single
+    Medians per distinct size first, so one slow call does not tilt the line. With an
+    interference term, each duration is first taken back to the idle link's cost as if the
+    unit ran beside compute all along (most do in a training loop; one that did not is
+    under-charged by the term). With a single
     distinct size the two parameters are not identifiable: keep the trace's alpha and attribute
     the change to beta (bandwidth drift is the common case; per-call latency rarely moves).
     """
     by_size: dict[int, list[float]] = {}
     n = 0
-    for size, dur in samples:
+    term = comm.interference
+    for size, observed_us in samples:
+        dur = observed_us
+        if term is not None:
+            # The runtime's units run beside compute, where the model charges them
+            # ``(1 + comm_stretch) * cost + comm_us_per_call`` (docs/simulator.md). Fitting the
+            # raw durations would put that into alpha and beta, and the replay would charge it
+            # a second time: re-estimating the model's own prediction came out 6.4% slower.
+            dur = max(0.0, (dur - term.comm_us_per_call) / (1.0 + term.comm_stretch))
         by_size.setdefault(size, []).append(dur)
         n += 1
     if n < min_samples:
