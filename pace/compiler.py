@@ -230,6 +230,12 @@ def best_lower_bound_us(trace: Trace) -> tuple[float, str]:
         return analyze(trace).critical_path_us, "critical-path"
 
 
+def _start_order(schedule: Schedule, unit_start_us: Sequence[float]) -> list[int]:
+    """Unit indices in the order a replay started them (ties: priority, then index)."""
+    units = schedule.units
+    return sorted(range(len(units)), key=lambda u: (unit_start_us[u], units[u].priority, u))
+
+
 def in_issue_order(schedule: Schedule, trace: Trace) -> Schedule:
     """``schedule`` with its priorities renumbered 0, 1, ... in the order its own replay starts
     the units.
@@ -245,11 +251,7 @@ def in_issue_order(schedule: Schedule, trace: Trace) -> Schedule:
     """
     from pace.sim import schedule_policy, simulate
 
-    res = simulate(trace, schedule_policy(schedule))
-    order = sorted(
-        range(len(schedule.units)),
-        key=lambda u: (res.unit_start_us[u], schedule.units[u].priority, u),
-    )
+    order = _start_order(schedule, simulate(trace, schedule_policy(schedule)).unit_start_us)
     rank = {u: float(pos) for pos, u in enumerate(order)}
     if all(schedule.units[u].priority == rank[u] for u in order):
         return schedule
@@ -264,8 +266,7 @@ def issue_order_problem(schedule: Schedule, unit_start_us: Sequence[float]) -> s
     (``unit_start_us``), or ``None``: the first pair whose priorities run against their start
     times (see ``in_issue_order``)."""
     units = schedule.units
-    order = sorted(range(len(units)), key=lambda u: (unit_start_us[u], units[u].priority, u))
-    for prev, nxt in itertools.pairwise(order):
+    for prev, nxt in itertools.pairwise(_start_order(schedule, unit_start_us)):
         if units[nxt].priority < units[prev].priority:
             return (
                 f"unit {nxt} (priority {units[nxt].priority:g}) starts after unit {prev} "

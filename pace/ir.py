@@ -101,6 +101,11 @@ class Interference:
                 loss += (self.us_per_call + self.us_per_byte * size_bytes) / duration_us
         return min(MAX_COMPUTE_LOSS, max(0.0, loss))
 
+    def alone_us(self, beside_us: float) -> float:
+        """The time alone of a call that took ``beside_us`` beside compute all along: the
+        inverse of ``(1 + comm_stretch) * alone + comm_us_per_call``."""
+        return max(0.0, (beside_us - self.comm_us_per_call) / (1.0 + self.comm_stretch))
+
     @property
     def active(self) -> bool:
         return (

@@ -359,15 +359,12 @@ def _fit_comm(
     by_size: dict[int, list[float]] = {}
     n = 0
     term = comm.interference
-    for size, observed_us in samples:
-        dur = observed_us
-        if term is not None:
-            # The runtime's units run beside compute, where the model charges them
-            # ``(1 + comm_stretch) * cost + comm_us_per_call`` (docs/simulator.md). Fitting the
-            # raw durations would put that into alpha and beta, and the replay would charge it
-            # a second time: re-estimating the model's own prediction came out 6.4% slower.
-            dur = max(0.0, (dur - term.comm_us_per_call) / (1.0 + term.comm_stretch))
-        by_size.setdefault(size, []).append(dur)
+    for size, dur in samples:
+        # The runtime's units run beside compute, where the model charges them
+        # ``(1 + comm_stretch) * cost + comm_us_per_call`` (docs/simulator.md). Fitting the raw
+        # durations would put that into alpha and beta, and the replay would charge it a second
+        # time: re-estimating the model's own prediction came out 6.4% slower.
+        by_size.setdefault(size, []).append(dur if term is None else term.alone_us(dur))
         n += 1
     if n < min_samples:
         return comm.alpha_us, comm.beta_us_per_byte, ()
