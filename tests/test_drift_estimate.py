@@ -23,7 +23,7 @@ from pace.drift.estimate import (
 )
 from pace.drift.monitor import Monitor
 from pace.errors import InputError
-from pace.ir import Interference, Trace
+from pace.ir import Interference, Schedule, Trace
 from pace.synth import random_trace
 from tests.strategies import traces
 
@@ -357,3 +357,127 @@ def test_reestimating_the_models_own_prediction_is_nearly_a_fixed_point() -> Non
     )
     replayed = simulate(again, schedule_policy(sched)).iteration_us
     assert replayed == pytest.approx(res.iteration_us, rel=0.02)
+
+
+def _observe_replay(trace: Trace, sched: Schedule, n: int = 3) -> tuple[ObservedStats, float]:
+    """What the monitor records when the world is exactly the replay of ``sched``: forward
+    compute (time any forward op runs), backward span, each gradient's ready time and units."""
+    from pace.analysis import analyze
+    from pace.sim import covered_us, schedule_policy, simulate
+
+    res = simulate(trace, schedule_policy(sched))
+    an = analyze(trace)
+    phases = [o.phase for o in trace.ops]
+    fw = covered_us(
+        (res.op_start_us[i], res.op_finish_us[i]) for i, p in enumerate(phases) if p == "forward"
+    )
+    bw = max((res.op_finish_us[i] for i, p in enumerate(phases) if p == "backward"), default=0.0)
+    ready = {
+        an.tensor_names[k]: res.op_finish_us[i] for i, ks in enumerate(an.produces) for k in ks
+    }
+    units = tuple(
+        (sum(s.size_bytes for s in u.slices), res.unit_finish_us[i] - res.unit_start_us[i])
+        for i, u in enumerate(res.units)
+    )
+    its = tuple(
+        IterationStats(
+            iteration=i,
+            iteration_us=res.iteration_us,
+            backward_us=bw,
+            forward_us=fw,
+            grad_ready_us=ready,
+            unit_samples=units,
+        )
+        for i in range(n)
+    )
+    return ObservedStats(iterations=its), res.iteration_us
+
+
+def _vgg_with_term() -> tuple[Trace, Schedule]:
+    from pace.compiler import apply_what_if, compile_trace
+    from pace.io import load_trace
+
+    base = apply_what_if(
+        load_trace(Path(__file__).resolve().parents[1] / "traces" / "vgg16.json.gz"),
+        compute_speedup=30.0,
+    )
+    term = Interference(us_per_byte=2e-3, us_per_call=300.0, comm_stretch=0.1, comm_us_per_call=1e3)
+    trace = dataclasses.replace(base, comm=dataclasses.replace(base.comm, interference=term))
+    return trace, compile_trace(trace, baselines=False).schedule
+
+
+def test_the_running_schedules_own_prediction_is_a_fixed_point() -> None:
+    """Observe everything the monitor records of VGG-16's replay with an interference term:
+    compared with the replay of the running schedule, nothing drifted (scales 1, the same link)
+    and the re-estimated trace replays the same iteration. Compared with the ideal spans
+    instead, the slowdown the term causes is taken for drift and charged twice."""
+    from pace.sim import schedule_policy, simulate
+
+    trace, sched = _vgg_with_term()
+    stats, iteration_us = _observe_replay(trace, sched)
+    est = estimate(trace, stats, running=sched)
+    assert est.forward_scale == pytest.approx(1.0, rel=1e-9)
+    assert est.backward_scale == pytest.approx(1.0, rel=1e-9)
+    assert est.alpha_us == pytest.approx(trace.comm.alpha_us, rel=1e-6)
+    assert est.beta_us_per_byte == pytest.approx(trace.comm.beta_us_per_byte, rel=1e-6)
+    again = simulate(apply_estimate(trace, est), schedule_policy(sched)).iteration_us
+    assert again == pytest.approx(iteration_us, rel=1e-6)
+
+    naive = estimate(trace, stats)
+    # The slowdown of backward beside the units, taken for drift:
+    assert naive.backward_scale > 1.02
+    twice = simulate(apply_estimate(trace, naive), schedule_policy(sched)).iteration_us
+    assert twice > 1.02 * iteration_us
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    trace=traces(max_layers=6),
+    per_byte=st.floats(0.0, 5e-3),
+    per_call=st.floats(0.0, 500.0),
+    idle=st.floats(0.0, 0.3),
+    stretch=st.floats(0.0, 0.5),
+    call_delay=st.floats(0.0, 2000.0),
+)
+def test_observing_the_running_schedules_replay_estimates_no_drift(
+    *,
+    trace: Trace,
+    per_byte: float,
+    per_call: float,
+    idle: float,
+    stretch: float,
+    call_delay: float,
+) -> None:
+    """Whatever the interference term, a world that is exactly the replay of the running
+    schedule is estimated as no drift: phase scales 1 and the trace's own link."""
+    from pace.compiler import compile_trace
+
+    term = Interference(
+        us_per_byte=per_byte,
+        us_per_call=per_call,
+        idle_loss=idle,
+        comm_stretch=stretch,
+        comm_us_per_call=call_delay,
+    )
+    trace = dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, interference=term))
+    sched = compile_trace(trace, baselines=False).schedule
+    stats, _ = _observe_replay(trace, sched)
+    est = estimate(trace, stats, running=sched)
+    assert est.forward_scale == pytest.approx(1.0, rel=1e-9)
+    assert est.backward_scale == pytest.approx(1.0, rel=1e-9)
+    if len(est.comm_points) >= 2:
+        assert est.alpha_us == pytest.approx(trace.comm.alpha_us, rel=1e-6, abs=1e-6)
+    assert est.beta_us_per_byte == pytest.approx(trace.comm.beta_us_per_byte, rel=1e-6)
+
+
+def test_recompile_compares_with_the_running_schedule() -> None:
+    """`pace recompile --schedule CURRENT` (``recompile(current=...)``) passes the running
+    schedule on: observing its own replay, it predicts no gain from re-planning."""
+    from pace.drift.offline import recompile
+
+    trace, sched = _vgg_with_term()
+    stats, iteration_us = _observe_replay(trace, sched)
+    got = recompile(trace, stats, current=sched)
+    assert got.estimate.backward_scale == pytest.approx(1.0, rel=1e-9)
+    assert got.current_us == pytest.approx(iteration_us, rel=1e-6)
+    assert got.switch is False

@@ -39,7 +39,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="schedule to write (replaced atomically)",
     )
     p.add_argument(
-        "--schedule", metavar="CURRENT", help="the schedule that was running (to predict the gain)"
+        "--schedule",
+        metavar="CURRENT",
+        help="the schedule that was running: predicts the gain, and the observations are "
+        "compared with its replay (with an interference term, the slowdown it causes is not "
+        "taken for drift)",
     )
     p.add_argument(
         "--trace-out",

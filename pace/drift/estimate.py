@@ -21,6 +21,7 @@ old regime.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import os
@@ -32,7 +33,7 @@ from typing import Any
 from pace.analysis import analyze
 from pace.checks import is_number, require_int
 from pace.errors import InputError
-from pace.ir import CommModel, Op, Trace
+from pace.ir import CommModel, Op, Schedule, Trace
 
 __all__ = [
     "OBSERVED_FORMAT",
@@ -45,6 +46,7 @@ __all__ = [
     "apply_estimate",
     "estimate",
     "reestimate",
+    "replayed_spans",
     "trace_spans",
 ]
 
@@ -241,6 +243,81 @@ def trace_spans(trace: Trace) -> TraceSpans:
     )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReplayedSpans:
+    """What the replay of the running schedule predicts the monitor sees: its spans, and how
+    much slower than the idle link's cost it runs each size of unit."""
+
+    spans: TraceSpans
+    unit_charge: Mapping[int, tuple[float, float]]
+    """Per unit size in bytes: ``(k, extra_us)`` with the replay's median duration of that
+    size ``(1 + k) * cost + extra_us``: the interference term as the replay charged it,
+    ``extra_us`` the median per-call delay (added to units issued while an op runs), ``k`` the
+    stretch of the units' share beside compute."""
+
+    def alone_us(self, size_bytes: int, observed_us: float) -> float | None:
+        """``observed_us`` taken back to the idle link's cost as the replay charged this size
+        (``None``: the running schedule has no unit of that size)."""
+        charge = self.unit_charge.get(size_bytes)
+        if charge is None:
+            return None
+        k, extra_us = charge
+        return max(0.0, (observed_us - extra_us) / (1.0 + k))
+
+
+def replayed_spans(trace: Trace, schedule: Schedule) -> ReplayedSpans:
+    """The monitor's quantities as the replay of ``schedule`` on ``trace`` predicts them.
+
+    With an interference term, compute beside communication runs slower and units beside
+    compute take longer; the monitor observes both. An estimate against the ideal spans of
+    :func:`trace_spans` would put that slowdown into the per-phase scales and the link, and the
+    replay of the re-estimated trace would charge it again. The forward span is the time any
+    forward op runs (the monitor subtracts the forward's waits on communication).
+    """
+    from pace.sim import covered_us, merge_intervals, schedule_policy, simulate
+
+    res = simulate(trace, schedule_policy(schedule))
+    start, finish = res.op_start_us, res.op_finish_us
+    an = analyze(trace)
+    phases = [o.phase for o in trace.ops]
+    bw = [finish[i] for i, p in enumerate(phases) if p == "backward"]
+    fw = [(start[i], finish[i]) for i, p in enumerate(phases) if p == "forward"]
+    ready: dict[str, float] = {}
+    for i, made in enumerate(an.produces):
+        for k in made:
+            ready[an.tensor_names[k]] = finish[i]
+    busy = merge_intervals(zip(start, finish, strict=True))
+    busy_starts = [s for s, _ in busy]
+    term = trace.comm.interference
+    per_call_us = term.comm_us_per_call if term is not None else 0.0
+    by_size: dict[int, list[tuple[float, float]]] = {}
+    for unit, t0, t1 in zip(res.units, res.unit_start_us, res.unit_finish_us, strict=True):
+        j = bisect.bisect_right(busy_starts, t0) - 1
+        # The replay adds the per-call delay to a unit issued while an op runs (drive_joint).
+        extra = per_call_us if j >= 0 and t0 < busy[j][1] else 0.0
+        by_size.setdefault(sum(s.size_bytes for s in unit.slices), []).append((t1 - t0, extra))
+    charge: dict[int, tuple[float, float]] = {}
+    for size, got in by_size.items():
+        cost = trace.comm.cost_us(size)
+        if cost <= 0:
+            continue
+        # Both at the median, which is what the fit takes per size: the charge then maps the
+        # replay's median duration exactly onto the cost, and an affine map commutes with it.
+        dur = statistics.median(d for d, _ in got)
+        extra = statistics.median(e for _, e in got)
+        if dur - extra <= 0:
+            extra = 0.0
+        charge[size] = ((dur - extra) / cost - 1.0, extra)
+    return ReplayedSpans(
+        spans=TraceSpans(
+            backward_us=max(bw, default=0.0),
+            forward_us=covered_us(fw),
+            ready_us=ready,
+        ),
+        unit_charge=charge,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The estimate
 
@@ -300,9 +377,18 @@ class Estimate:
 
 
 def estimate(
-    trace: Trace, stats: ObservedStats, options: EstimateOptions | None = None
+    trace: Trace,
+    stats: ObservedStats,
+    options: EstimateOptions | None = None,
+    *,
+    running: Schedule | None = None,
 ) -> Estimate:
     """Median-over-window estimate of the drift of ``stats`` relative to ``trace``.
+
+    ``running``: the schedule the observed iterations ran. With an interference term in the
+    trace, the observations are compared with that schedule's replay (:func:`replayed_spans`),
+    which already charges the term, instead of the ideal spans; otherwise the slowdown the term
+    models would be estimated as drift and then charged a second time.
 
     Raises ``InputError`` if ``stats`` holds no iteration.
     """
@@ -310,7 +396,13 @@ def estimate(
     its = stats.iterations[-opts.window :]
     if not its:
         raise InputError("no observed iteration to estimate from", field="iterations")
-    spans = trace_spans(trace)
+    term = trace.comm.interference
+    replayed = (
+        replayed_spans(trace, running)
+        if running is not None and term is not None and term.active
+        else None
+    )
+    spans = replayed.spans if replayed is not None else trace_spans(trace)
 
     bw_ratios: list[float] = []
     fw_ratios: list[float] = []
@@ -331,7 +423,7 @@ def estimate(
             fw_ratios.append(it.forward_us / spans.forward_us)
 
     alpha, beta, points = _fit_comm(
-        trace.comm, (s for it in its for s in it.unit_samples), opts.min_unit_samples
+        trace.comm, (s for it in its for s in it.unit_samples), opts.min_unit_samples, replayed
     )
     return Estimate(
         forward_scale=statistics.median(fw_ratios) if fw_ratios else 1.0,
@@ -345,12 +437,16 @@ def estimate(
 
 
 def _fit_comm(
-    comm: CommModel, samples: Iterable[tuple[int, float]], min_samples: int
+    comm: CommModel,
+    samples: Iterable[tuple[int, float]],
+    min_samples: int,
+    replayed: ReplayedSpans | None = None,
 ) -> tuple[float, float, tuple[tuple[int, float], ...]]:
     """(alpha, beta) from unit samples: median duration per size, then a linear fit.
 
     Medians per distinct size first, so one slow call does not tilt the line. With an
-    interference term, each duration is first taken back to the idle link's cost as if the
+    interference term, each duration is first taken back to the idle link's cost: as the
+    replay of the running schedule charged a unit of its size (``replayed``), else as if the
     unit ran beside compute all along (most do in a training loop; one that did not is
     under-charged by the term). With a single
     distinct size the two parameters are not identifiable: keep the trace's alpha and attribute
@@ -364,7 +460,10 @@ def _fit_comm(
         # ``(1 + comm_stretch) * cost + comm_us_per_call`` (docs/simulator.md). Fitting the raw
         # durations would put that into alpha and beta, and the replay would charge it a second
         # time: re-estimating the model's own prediction came out 6.4% slower.
-        by_size.setdefault(size, []).append(dur if term is None else term.alone_us(dur))
+        alone = replayed.alone_us(size, dur) if replayed is not None else None
+        if alone is None:
+            alone = dur if term is None else term.alone_us(dur)
+        by_size.setdefault(size, []).append(alone)
         n += 1
     if n < min_samples:
         return comm.alpha_us, comm.beta_us_per_byte, ()
@@ -423,9 +522,15 @@ def apply_estimate(trace: Trace, est: Estimate) -> Trace:
     return dataclasses.replace(trace, ops=ops, comm=comm, meta=meta)
 
 
-def reestimate(trace: Trace, stats: ObservedStats, options: EstimateOptions | None = None) -> Trace:
-    """``apply_estimate(trace, estimate(trace, stats, options))``: the offline path."""
-    return apply_estimate(trace, estimate(trace, stats, options))
+def reestimate(
+    trace: Trace,
+    stats: ObservedStats,
+    options: EstimateOptions | None = None,
+    *,
+    running: Schedule | None = None,
+) -> Trace:
+    """``apply_estimate(trace, estimate(trace, stats, options, running=running))``."""
+    return apply_estimate(trace, estimate(trace, stats, options, running=running))
 
 
 class Estimator:

@@ -72,7 +72,7 @@ def recompile(
         )
     if current is not None:
         verify_schedule(current, trace, where="current schedule")
-    est = estimate(trace, stats, estimate_options)
+    est = estimate(trace, stats, estimate_options, running=current)
     new_trace = apply_estimate(trace, est)
     t0 = time.perf_counter()
     result = compile_trace(new_trace, fusion=fusion, solver=solver, baselines=False)

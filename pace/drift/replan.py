@@ -293,7 +293,10 @@ class DriftController(Generic[P]):
             # would let the median see the old one.
             stats = self._observed(min(k, window))
             try:
-                est = estimate(self.base_trace, stats, self._estimate_options)
+                # Compare with the replay of what ran (a Schedule; simulations drive other
+                # plans), so the interference that schedule already causes is not drift.
+                running = self.plan if isinstance(self.plan, Schedule) else None
+                est = estimate(self.base_trace, stats, self._estimate_options, running=running)
                 new_trace = apply_estimate(self.base_trace, est)
             except InputError as exc:
                 self.trigger.abandon()

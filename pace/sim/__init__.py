@@ -11,6 +11,8 @@ from pace.sim.core import (
     Policy,
     SimOptions,
     SimResult,
+    covered_us,
+    merge_intervals,
     schedule_policy,
     units_policy,
 )
@@ -24,7 +26,9 @@ __all__ = [
     "SimOptions",
     "SimResult",
     "compare",
+    "covered_us",
     "layer_order",
+    "merge_intervals",
     "ready_order",
     "schedule_policy",
     "simulate",

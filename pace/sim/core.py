@@ -33,7 +33,7 @@ Example (docs/design.md's worked example, tests/data/tiny.trace.json: FIFO finis
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,8 +238,8 @@ class SimResult:
         got = lazy.cache.get("overlap")
         if got is None:
             starts, finishes = lazy.op_times()
-            comp = _merge(zip(starts, finishes, strict=True))
-            comm = _merge(zip(self.unit_start_us, self.unit_finish_us, strict=True))
+            comp = merge_intervals(zip(starts, finishes, strict=True))
+            comm = merge_intervals(zip(self.unit_start_us, self.unit_finish_us, strict=True))
             got = _intersection_length(comm, comp)
             lazy.cache["overlap"] = got
         return float(got)
@@ -250,7 +250,14 @@ class SimResult:
         return self._lazy
 
 
-def _merge(intervals: Any) -> list[tuple[float, float]]:
+def covered_us(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, finish)`` intervals (time during which any of them runs)."""
+    return float(sum(f - s for s, f in merge_intervals(intervals)))
+
+
+def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of ``(start, finish)`` intervals as disjoint intervals by start; empty ones are
+    dropped and intervals that touch are joined."""
     out: list[tuple[float, float]] = []
     for s, f in sorted(intervals):
         if f <= s:
@@ -380,7 +387,7 @@ def _simulate(
         if barrier and any(prep.gated):
             iteration = max(iteration, comm_end + prep.barrier_tail_us)
 
-    busy = sum(f - s for s, f in _merge(zip(ustart, ufinish, strict=True)))
+    busy = covered_us(zip(ustart, ufinish, strict=True))
     lazy = _Lazy(prep, done, comm_end if barrier else None, cache)
     return SimResult(
         policy=pol.name,

@@ -118,7 +118,7 @@ def serial_partition_replay(p: Partition) -> ReplayTimes:
     smallest rank, so the channel runs that tensor's slices back to back until a release
     happens at or before a slice's start, then picks again. ``t`` accumulates exactly the unit
     costs the unit-level replay adds, in the same order. Channel busy time: its busy periods,
-    summed in time order, as ``_merge`` of back-to-back intervals gives.
+    summed in time order, as ``merge_intervals`` of back-to-back intervals gives.
     """
     n = len(p.count)
     rel = p.release_us
@@ -243,11 +243,11 @@ def shared_partition_replay(
 
 
 def _busy(starts: list[float], finishes: list[float]) -> float:
-    """``sum(f - s for s, f in core._merge(intervals))`` for intervals listed by start time.
+    """``core.covered_us(intervals)`` for intervals listed by start time.
 
-    ``_merge`` sorts by (start, finish); intervals that share a start merge the same way in any
-    order, so the order by start suffices. Skips empty intervals, joins an interval that starts
-    at or before the running end, and sums the merged lengths left to right.
+    ``merge_intervals`` sorts by (start, finish); intervals that share a start merge the same
+    way in any order, so the order by start suffices. Skips empty intervals, joins an interval
+    that starts at or before the running end, and sums the merged lengths left to right.
     """
     if not starts:
         return 0
