@@ -496,8 +496,9 @@ class Row:
     spread_ms: float  # interquartile range of the per-iteration periods
     predicted_ms: float | None  # with the measured interference term
     independent_ms: float | None  # without it: compute and communication independent
-    # No schedule of any kind beats this on the rate's fitted link: the zero-overhead optimal
-    # preemptive makespan (CompileResult.lower_bound_us, no interference) plus the step.
+    # No schedule of any kind beats this on the rate's fitted link: CompileResult.lower_bound_us
+    # (the zero-overhead optimal preemptive makespan, raised to pace.lp.interference_bound_us
+    # under the pace launch's interference term) plus the step.
     bound_ms: float | None = None
     # The runtime's variants: their units' channel time per iteration (the unit logs), and the
     # replay's (with the interference term). Where a period is mispredicted, these say whether
@@ -1149,7 +1150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         "vanilla's exposed communication (its time over local's) and pace's speed-up, against "
         "the most any schedule could gain: bound = the zero-overhead optimal preemptive "
-        "makespan on the fitted link plus the step"
+        "makespan on the fitted link, or the interference bound under the pace launch's term "
+        "where higher, plus the step"
     )
     _print_goal(rows, markdown=args.markdown)
     print()

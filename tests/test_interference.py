@@ -10,8 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pace.compiler import apply_what_if, compile_trace
+from pace.analysis import analyze
+from pace.compiler import apply_what_if, best_lower_bound_us, compile_trace
+from pace.io import load_trace
 from pace.ir import CommModel, Interference, Op, Tensor, Trace
+from pace.lp import interference_bound_us, lower_bound_us
 from pace.profiler.interference import (
     InterferenceSample,
     drift_corrected_loss,
@@ -118,6 +121,65 @@ def test_the_compiler_optimises_with_the_term(seed: int, per_byte: float) -> Non
         any("replays faster" in w for w in res.warnings)
     )
     assert math.isfinite(res.lower_bound_us)
+
+
+terms = st.builds(
+    Interference,
+    us_per_byte=st.floats(0.0, 5.0),
+    us_per_call=st.floats(0.0, 1e4),
+    idle_loss=st.floats(0.0, 0.99),
+    comm_stretch=st.floats(0.0, 2.0),
+    comm_us_per_call=st.floats(0.0, 1e3),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    traces(),
+    terms,
+    st.sampled_from([*STATIC, "horovod"]),
+    st.sampled_from([SimOptions(), SimOptions(one_compute_stream=True)]),
+)
+def test_no_policy_beats_the_interference_bound(
+    trace: Trace, term: Interference, policy: str, options: SimOptions
+) -> None:
+    """Whatever the term (the cap included), fusion, credit or compute stream, no replay is
+    faster than ``interference_bound_us``, and the compiled schedule neither."""
+    trace = with_term(trace, term)
+    bound = interference_bound_us(trace)
+    assert lower_bound_us(trace) >= bound
+    got = simulate(trace, policy, options=options).iteration_us
+    assert got >= bound * (1 - 1e-9) - 1e-6
+
+
+@settings(max_examples=15, deadline=None)
+@given(traces(max_layers=6), terms)
+def test_the_compiled_schedule_respects_the_interference_bound(
+    trace: Trace, term: Interference
+) -> None:
+    trace = with_term(trace, term)
+    res = compile_trace(trace, baselines=False)
+    assert res.predicted_iteration_us >= res.lower_bound_us * (1 - 1e-9) - 1e-6
+    assert res.lower_bound_us >= interference_bound_us(trace)
+
+
+def test_the_interference_bound_where_compute_dominates() -> None:
+    """VGG-16 on a link fast enough that compute dominates: the zero-overhead bound is the
+    critical path, and a term with idle loss 0.2 and 1 us lost per KiB beside compute raises
+    the bound by cp * 0.25 + bytes * min(0.75 * beta, 1/1024) / 0.8."""
+    base = load_trace(Path(__file__).resolve().parents[1] / "traces" / "vgg16.json.gz")
+    fast = apply_what_if(base, bandwidth_gbps=400.0)
+    cp = analyze(fast).critical_path_us
+    assert lower_bound_us(fast) == pytest.approx(cp)
+    term = Interference(idle_loss=0.2, us_per_byte=1 / 1024)
+    slow = with_term(fast, term)
+    beta = fast.comm.beta_us_per_byte
+    total = sum(t.size_bytes for t in fast.tensors)
+    want = cp / 0.8 + total * min(min(0.75 * beta, 1 / 1024) / 0.8, beta)
+    assert interference_bound_us(slow) == pytest.approx(want)
+    assert lower_bound_us(slow) == pytest.approx(want)
+    assert best_lower_bound_us(slow) == (pytest.approx(want), "interference")
+    assert simulate(slow, "tictac").iteration_us >= want
 
 
 def test_fit_recovers_the_term() -> None:

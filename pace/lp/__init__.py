@@ -4,7 +4,8 @@ Public entry points:
 
 * :func:`schedule` — ``(trace, plan) -> Schedule``: the compiled, overhead-aware schedule, with
   ``predicted_iteration_us`` the simulator's replay of exactly its units;
-* :func:`lower_bound_us` — the zero-overhead optimal preemptive makespan (no fusion, alpha 0);
+* :func:`lower_bound_us` — the zero-overhead optimal preemptive makespan (no fusion, alpha 0),
+  raised to :func:`interference_bound_us` where the trace's interference term makes it higher;
 * :func:`best_units` — the same search as :func:`schedule` without the simulator check, for
   callers that need a fast oracle (the fusion search);
 * building blocks: :func:`reduction`, :func:`solve_exact`, :func:`solve_lp`.
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pace.errors import InputError
-from pace.ir import FusionPlan, Schedule, Trace, Unit
+from pace.ir import MAX_COMPUTE_LOSS, FusionPlan, Schedule, Trace, Unit
 from pace.lp.candidates import (
     PieceCandidate,
     grace_candidates,
@@ -80,6 +81,7 @@ __all__ = [
     "SlotInstance",
     "best_units",
     "choose_slot_us",
+    "interference_bound_us",
     "jitter_worlds",
     "jittered_replays_us",
     "lower_bound_us",
@@ -132,7 +134,8 @@ class ScheduleResult:
 
 
 def lower_bound_us(trace: Trace) -> float:
-    """Zero-overhead optimal preemptive makespan: no fusion, ``alpha = 0``, free preemption.
+    """Zero-overhead optimal preemptive makespan: no fusion, ``alpha = 0``, free preemption;
+    with an interference term, at least :func:`interference_bound_us`.
 
     No policy under the replay semantics beats it (every byte still costs ``beta``).
 
@@ -143,12 +146,41 @@ def lower_bound_us(trace: Trace) -> float:
     """
     red = reduction(trace)
     beta = trace.comm.beta_us_per_byte
-    return solve_exact(
+    preemptive = solve_exact(
         red.release_us,
         beta * red.size_bytes.astype(float),
         red.tail_us,
         compute_makespan_us=red.compute_makespan_us,
     ).makespan_us
+    return max(preemptive, interference_bound_us(trace))
+
+
+def interference_bound_us(trace: Trace) -> float:
+    """What no policy beats once communication slows the compute beside it (0 without a term).
+
+    Under the replay semantics (``pace.ir.Interference``) compute progresses at ``1 - min(cap,
+    idle_loss + loss of the calls in flight)`` of its speed, and a call moving bytes at rate
+    ``r`` costs the compute beside it at least ``us_per_byte * r`` of progress, while no call
+    moves bytes faster than ``1 / beta``. So, with ``i = min(cap, idle_loss)``, every us of
+    progress takes ``1 / (1 - i)`` us, and every byte either moves beside compute (losing at
+    least ``min((cap - i) * beta, us_per_byte)`` of progress) or while nothing computes (at
+    least ``beta`` of the window's time):
+
+        critical_path / (1 - i) + bytes * min(min((cap - i) * beta, us_per_byte) / (1 - i), beta)
+
+    It ignores the per-call terms and the slower calls beside compute, and holds for any
+    fusion, order, credit or preemption. Where compute dominates, it is the bound that the
+    zero-overhead makespan (which is the critical path there) no longer is.
+    """
+    term = trace.comm.interference
+    if term is None or not term.active:
+        return 0.0
+    red = reduction(trace)
+    idle = min(MAX_COMPUTE_LOSS, max(0.0, term.idle_loss))
+    beta = trace.comm.beta_us_per_byte
+    per_byte_us = min(min((MAX_COMPUTE_LOSS - idle) * beta, term.us_per_byte) / (1.0 - idle), beta)
+    total_bytes = float(red.size_bytes.sum())
+    return float(red.compute_makespan_us / (1.0 - idle) + total_bytes * per_byte_us)
 
 
 def _lp_pieces(
