@@ -106,3 +106,30 @@ def test_bad_window_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     )
     assert rc == 2
     assert "--window" in _one_line_error(capsys)
+
+
+def test_recompile_with_a_term_warns_without_the_running_schedule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With an interference term the estimate needs the schedule that ran: without
+    --schedule one warning line; with it none."""
+    import dataclasses
+
+    from pace.compiler import compile_trace
+    from pace.io import load_trace, save_schedule, save_trace
+    from pace.ir import Interference
+
+    base = load_trace(TRACE)
+    term = Interference(us_per_byte=1e-3, comm_stretch=0.1)
+    trace = dataclasses.replace(base, comm=dataclasses.replace(base.comm, interference=term))
+    save_trace(trace, tmp_path / "t.json")
+    save_schedule(compile_trace(trace, baselines=False).schedule, tmp_path / "cur.json")
+    argv = ["recompile", str(tmp_path / "t.json"), "--observed", str(STATS)]
+    argv += ["-o", str(tmp_path / "new.json"), "--json"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("pace: warning:")
+    assert "no --schedule" in err[0]
+    assert main([*argv, "--schedule", str(tmp_path / "cur.json")]) == 0
+    assert capsys.readouterr().err == ""

@@ -321,42 +321,35 @@ def test_units_beside_compute_refit_the_idle_link(
         assert est.beta_us_per_byte == pytest.approx(2e-3, rel=1e-6)
 
 
-def test_reestimating_the_models_own_prediction_is_nearly_a_fixed_point() -> None:
-    """Observe the replay of VGG-16 (x30 compute) with an interference term and re-estimate the
-    link from its units: the re-estimated replay is within 2% of the prediction (it was 6.4%
-    slower when the term's charge went into alpha and beta). Not exact: units the replay ran
-    with no compute beside them are taken back as if they had some."""
-    from pace.compiler import apply_what_if, compile_trace
-    from pace.io import load_trace
-    from pace.sim import schedule_policy, simulate
-
-    base = apply_what_if(
-        load_trace(Path(__file__).resolve().parents[1] / "traces" / "vgg16.json.gz"),
-        compute_speedup=30.0,
-    )
-    term = Interference(us_per_byte=2e-3, us_per_call=300.0, comm_stretch=0.1, comm_us_per_call=1e3)
-    trace = dataclasses.replace(base, comm=dataclasses.replace(base.comm, interference=term))
-    sched = compile_trace(trace, baselines=False).schedule
-    res = simulate(trace, schedule_policy(sched))
-    units = tuple(
-        (sum(s.size_bytes for s in u.slices), res.unit_finish_us[i] - res.unit_start_us[i])
-        for i, u in enumerate(sched.units)
-    )
+def test_reestimating_the_models_own_units_gives_back_its_link() -> None:
+    """Observe only the units of VGG-16's replay (x30 compute) with an interference term and
+    re-estimate the link: compared with the running schedule's replay, the same link and the
+    same iteration. Fitting the raw durations instead puts the term's charge into alpha and
+    beta (here 5.4% slower); taking every unit back as if beside compute all along (what the
+    estimate does without the running schedule) errs the other way where some ran alone
+    (here 3.9% faster), which is why `pace recompile` warns without `--schedule`."""
+    trace, sched = _vgg_with_term()
+    full, iteration_us = _observe_replay(trace, sched)
     stats = ObservedStats(
         iterations=tuple(
-            IterationStats(iteration=i, iteration_us=res.iteration_us, unit_samples=units)
-            for i in range(3)
+            IterationStats(iteration=i, iteration_us=it.iteration_us, unit_samples=it.unit_samples)
+            for i, it in enumerate(full.iterations)
         )
     )
-    est = estimate(trace, stats)
-    again = dataclasses.replace(
-        trace,
-        comm=dataclasses.replace(
+
+    def replayed(est_trace: Trace, stats: ObservedStats, running: Schedule | None) -> float:
+        from pace.sim import schedule_policy, simulate
+
+        est = estimate(est_trace, stats, running=running)
+        comm = dataclasses.replace(
             trace.comm, alpha_us=est.alpha_us, beta_us_per_byte=est.beta_us_per_byte
-        ),
-    )
-    replayed = simulate(again, schedule_policy(sched)).iteration_us
-    assert replayed == pytest.approx(res.iteration_us, rel=0.02)
+        )
+        again = dataclasses.replace(trace, comm=comm)
+        return simulate(again, schedule_policy(sched)).iteration_us
+
+    assert replayed(trace, stats, sched) == pytest.approx(iteration_us, rel=1e-6)
+    no_term = dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, interference=None))
+    assert replayed(no_term, stats, None) > 1.02 * iteration_us
 
 
 def _observe_replay(trace: Trace, sched: Schedule, n: int = 3) -> tuple[ObservedStats, float]:
@@ -401,7 +394,7 @@ def _vgg_with_term() -> tuple[Trace, Schedule]:
         load_trace(Path(__file__).resolve().parents[1] / "traces" / "vgg16.json.gz"),
         compute_speedup=30.0,
     )
-    term = Interference(us_per_byte=2e-3, us_per_call=300.0, comm_stretch=0.1, comm_us_per_call=1e3)
+    term = Interference(us_per_byte=5e-4, us_per_call=300.0, comm_stretch=0.1, comm_us_per_call=1e3)
     trace = dataclasses.replace(base, comm=dataclasses.replace(base.comm, interference=term))
     return trace, compile_trace(trace, baselines=False).schedule
 
@@ -424,10 +417,11 @@ def test_the_running_schedules_own_prediction_is_a_fixed_point() -> None:
     assert again == pytest.approx(iteration_us, rel=1e-6)
 
     naive = estimate(trace, stats)
-    # The slowdown of backward beside the units, taken for drift:
-    assert naive.backward_scale > 1.02
+    # The slowdown of forward and backward beside the units, taken for drift:
+    assert naive.forward_scale > 1.2
+    assert naive.backward_scale > 1.2
     twice = simulate(apply_estimate(trace, naive), schedule_policy(sched)).iteration_us
-    assert twice > 1.02 * iteration_us
+    assert twice > 1.1 * iteration_us
 
 
 @settings(max_examples=40, deadline=None)

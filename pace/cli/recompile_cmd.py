@@ -15,7 +15,7 @@ from typing import Any
 
 from pace.bounds import MAX_ITEMS
 from pace.cli._options import OutputPath, float_in, int_in
-from pace.cli._output import print_json, print_table
+from pace.cli._output import print_json, print_table, warn
 from pace.errors import InputError
 from pace.options import FUSION_METHODS, SOLVERS
 
@@ -137,6 +137,14 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(exc.detail, where=args.observed, field=field) from None
         raise
     save_schedule(res.schedule, args.output)
+    term = trace.comm.interference
+    if current is None and term is not None and term.active:
+        warn(
+            "the trace has an interference term but no --schedule was given: the observations "
+            "are compared with the trace's ideal spans and every unit is taken back as if it ran "
+            "beside compute, which errs where units ran alone; pass --schedule with the schedule "
+            "that ran (docs/drift.md, Estimate)"
+        )
     if args.trace_out:
         save_trace(res.trace, args.trace_out)
     est = res.estimate
