@@ -12,7 +12,8 @@ Entry point: :func:`plan_fusion` (``Trace -> FusionPlan``). Methods:
     blocks of the schedule (``pace.fusion.search``). The best distinct candidates — always
     including no fusion and Alg. 1's choice — are compiled by the real scheduler and replayed by
     the simulator, and the best replayed one wins, so the result is never worse than either under
-    the replay.
+    the replay; a short descent judged by the replay itself (merge neighbours, shift a boundary)
+    then polishes it.
 ``"none"``
     One group per tensor.
 
