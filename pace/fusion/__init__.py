@@ -224,9 +224,10 @@ def fuse(
     )
     replayed.update(polished)
     if better is not None:
-        plan = chain.plan(better, method="search", details={})
-        sched = _schedule_exact(trace, plan, robust and per_candidate, robust_tolerance, references)
-        chosen.append(PartitionCandidate(label="polish", starts=better, cost_us=cost(better)))
+        starts, plan, sched = better
+        if robust and per_candidate:  # the polish compiled it nominally
+            sched = _schedule_exact(trace, plan, True, robust_tolerance, references)
+        chosen.append(PartitionCandidate(label="polish", starts=starts, cost_us=cost(starts)))
         verified.append((sched.predicted_iteration_us, len(chosen) - 1, plan, sched))
     # Ties keep the oracle's ranking.
     best_us, best_rank, best_plan, best_schedule = min(verified, key=lambda v: (v[0], v[1]))
@@ -306,7 +307,7 @@ def _polish(
     *,
     verified: list[tuple[float, IntArray]],
     compile_plan: Callable[[FusionPlan], ScheduleResult],
-) -> tuple[dict[str, float], IntArray | None]:
+) -> tuple[dict[str, float], tuple[IntArray, FusionPlan, ScheduleResult] | None]:
     """First-improvement descents judged by the replay itself (``compile_plan``: the nominal
     exact schedule), from each replayed partition in ``verified`` (``(replayed us, starts)``),
     best first, at most ``POLISH_BUDGET`` plans compiled in all.
@@ -317,11 +318,12 @@ def _polish(
     replayed slower than the sync compile: three groups at 5496 us where merging the two
     urgent ones replays 5466 us; no fusion at 19211 us where one group, a merge away from
     Alg. 1's R=2 choice, replays 19200 us. Returns the replayed time of every plan compiled,
-    by label, and the best partition found if it beats every one in ``verified``.
+    by label, and the best partition found (with its plan and nominal schedule) if it beats every
+    one in ``verified``.
     """
     seen = {partition_key(starts) for _, starts in verified}
     best_us = min(us for us, _ in verified)
-    better: IntArray | None = None
+    better: tuple[IntArray, FusionPlan, ScheduleResult] | None = None
     replayed: dict[str, float] = {}
     for start_us, start in sorted(verified, key=lambda v: v[0]):
         current_us, current = start_us, start
@@ -336,10 +338,11 @@ def _polish(
                     continue
                 seen.add(key)
                 plan = chain.plan(starts, method="search", details={})
-                us = compile_plan(plan).predicted_iteration_us
+                sched = compile_plan(plan)
+                us = sched.predicted_iteration_us
                 replayed[f"polish({len(replayed) + 1})"] = us
                 if us < best_us * (1.0 - REL_EPS):
-                    best_us, better = us, starts
+                    best_us, better = us, (starts, plan, sched)
                 if us < current_us * (1.0 - REL_EPS):
                     current_us, current = us, starts
                     improved = True

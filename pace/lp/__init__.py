@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pace.analysis import analyze
 from pace.errors import InputError
 from pace.ir import MAX_COMPUTE_LOSS, FusionPlan, Schedule, Trace, Unit
 from pace.lp.candidates import (
@@ -175,12 +176,12 @@ def interference_bound_us(trace: Trace) -> float:
     term = trace.comm.interference
     if term is None or not term.active:
         return 0.0
-    red = reduction(trace)
+    an = analyze(trace)  # cached: lower_bound_us's reduction was built from the same analysis
     idle = min(MAX_COMPUTE_LOSS, max(0.0, term.idle_loss))
     beta = trace.comm.beta_us_per_byte
     per_byte_us = min(min((MAX_COMPUTE_LOSS - idle) * beta, term.us_per_byte) / (1.0 - idle), beta)
-    total_bytes = float(red.size_bytes.sum())
-    return float(red.compute_makespan_us / (1.0 - idle) + total_bytes * per_byte_us)
+    total_bytes = float(sum(an.size_bytes))
+    return float(an.critical_path_us / (1.0 - idle) + total_bytes * per_byte_us)
 
 
 def _lp_pieces(
