@@ -20,8 +20,9 @@ Per rate, per backend:
 3. **train**: the variants, in blocks alternating within one launch so slow drift of the shared
    machine hits all alike; per-iteration periods (start of one step to the start of the next),
    median over all blocks. Horovod's vanilla run uses Horovod's defaults (tensor fusion,
-   response cache) and so needs its own launch; every other variant runs with fusion and cache
-   off, as the pace runtime requires.
+   response cache); every other variant runs with fusion and cache off, as the pace runtime
+   requires. Both are in the same launch: the ranks re-initialise Horovod (``hvd.shutdown()``,
+   then ``hvd.init()`` under the other settings) where the blocks switch between the two.
 4. **predict**: the simulator's replay of the same trace with the fitted cost model, under the
    policy that describes each variant, plus the optimizer step the profiler measured (the
    replay window holds forward and backward only).
@@ -398,6 +399,9 @@ def worker_train(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     rank, _ = _init_backend(args.backend)
+    # The Horovod settings each block ran under (what hvd.init() read), for the report.
+    settings_seen: dict[str, dict[str, str | None]] = {}
+    current = _horovod_settings() if args.backend == "horovod" else {}
     g = torch.Generator().manual_seed(1000 + rank)
     x = torch.randn(args.batch, 3, 32, 32, generator=g)
     y = torch.randint(0, NUM_CLASSES, (args.batch,), generator=g)
@@ -406,7 +410,7 @@ def worker_train(args: argparse.Namespace) -> None:
         torch.manual_seed(0)
         model = vgg_cifar(NUM_CLASSES)
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-        if kind == "local":
+        if kind.startswith("local"):
             return model, opt
         if kind in ("vanilla", "vanilla-nofusion"):
             if args.backend == "horovod":
@@ -446,6 +450,16 @@ def worker_train(args: argparse.Namespace) -> None:
     runs = {k: make(k) for k in kinds}
 
     def block(kind: str, steps: int, *, timed: bool = True) -> list[float]:
+        nonlocal current
+        if args.backend == "horovod" and (want := _horovod_settings(kind)) != current:
+            # Vanilla Horovod's defaults and the runtime's settings in one launch, so the
+            # shared machine's load between launches is not part of their ratio: Horovod reads
+            # them once per hvd.init(), and re-initialises after hvd.shutdown() (what its
+            # elastic mode does). Nothing is in flight here: every block ends drained.
+            _reinit_horovod(want)
+            current = want
+            block(kind, 1, timed=False)  # the new loop's first iteration (cache, buffers)
+        settings_seen.setdefault(kind, dict(current))
         model, opt = runs[kind]
         log = unit_logs.get(kind)
         if log is not None:
@@ -482,6 +496,32 @@ def worker_train(args: argparse.Namespace) -> None:
         Path(f"{args.out}.phases").write_text(json.dumps(phases))
         for kind, log in unit_logs.items():  # what each unit held the channel for
             Path(f"{args.out}.{kind}.units").write_text(json.dumps(log.done))
+        if settings_seen:
+            Path(f"{args.out}.settings").write_text(json.dumps(settings_seen))
+
+
+def _horovod_settings(kind: str | None = None) -> dict[str, str | None]:
+    """The Horovod variables that ``kind``'s blocks run under (vanilla Horovod and its
+    ``local@vanilla``: Horovod's defaults; the rest: the runtime's, with ``--horovod-env``);
+    no kind: the current environment's."""
+    pace_env = pace_horovod_env()
+    if kind is None:
+        return {k: os.environ.get(k) for k in pace_env}
+    if kind in ("vanilla", "local@vanilla"):
+        return dict.fromkeys(pace_env)
+    return dict(pace_env)
+
+
+def _reinit_horovod(settings: dict[str, str | None]) -> None:
+    import horovod.torch as hvd
+
+    hvd.shutdown()
+    for key, value in settings.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    hvd.init()
 
 
 # --------------------------------------------------------------------------- orchestration
@@ -505,7 +545,7 @@ class Row:
     # the communication or the computation was slower than the model.
     channel_ms: float | None = None
     predicted_channel_ms: float | None = None
-    # The same replay with the compute that the variant's own launch measured (its `local`
+    # The same replay with the compute measured under the variant's own settings (its `local`
     # run: the profile's compute scaled to it, the backend's idle loss included): the model of
     # communication and interference alone, without the shared machine's drift since the
     # profile. Not for the `local` rows, which calibrate it.
@@ -694,8 +734,8 @@ def launch_calibrated_ms(
     terms: dict[str, Any],
     measured: dict[str, list[float]],
 ) -> dict[str, float]:
-    """Per variant: the prediction with the compute its own launch measured. The profile's
-    op durations and step are scaled so that compute alone takes what the launch's `local`
+    """Per variant: the prediction with the compute measured under its own settings. The
+    profile's op durations and step are scaled so that compute alone takes what its `local`
     run took; that run already paid the backend's idle loss, so the terms' idle loss is
     dropped (what a profile taken inside the job would have seen)."""
     from pace.analysis import analyze
@@ -837,35 +877,35 @@ def _train(
     common = ["--role", "train", "--backend", backend, "--schedule", str(schedule)]
     common += ["--sync-schedule", str(schedule.with_suffix("").with_suffix(".sync.schedule.json"))]
     common += ["--batch", str(args.batch), "--blocks", str(args.blocks), "--steps", str(args.steps)]
-    out: dict[str, list[float]] = {}
+    if args.horovod_env:
+        common += ["--horovod-env", args.horovod_env]
     runtime = ["online", "pace", *(["pace-serial"] if args.compare_serial else []), "pace-sync"]
-    # Every launch also trains `local` (no communication): the compute of that launch, which
-    # calibrates the launch's `calibrated` predictions. Horovod's vanilla launch calls its own
-    # `local@vanilla` (Horovod's defaults idle differently from the runtime's settings).
-    if backend == "horovod":
-        launches = [
-            (["vanilla", "local"], None, "local@vanilla"),
-            (["vanilla-nofusion", *runtime, "local"], pace_horovod_env(), "local"),
-        ]
-    else:
-        launches = [(["vanilla", *runtime, "local"], None, "local")]
-    for variants, env, local_name in launches:
-        path = tmp / f"train-{backend}.json"
-        _say(f"  training {', '.join(variants)} ...")
-        launch(link, backend, [*common, "--variants", ",".join(variants), "--out", str(path)], env)
-        got = {k: [float(v) for v in vs] for k, vs in json.loads(path.read_text()).items()}
-        for kind, rows in json.loads(Path(f"{path}.phases").read_text()).items():
-            # The training thread's time per phase: in forward it also waits for updates (the
-            # runtime's overlapped mode), in backward for reductions (DDP, sync modes).
-            fw, bw, st = (statistics.median(r[i] for r in rows) * 1e3 for i in range(3))
-            _say(f"    {kind}: forward {fw:.1f} ms, backward {bw:.1f} ms, step {st:.1f} ms")
-        got[local_name] = got.pop("local")
-        out |= got
+    # One launch trains every variant, blocks alternating, so the ratios are taken under the
+    # same load of the shared machine. `local` (no communication) is the launch's compute and
+    # calibrates the `calibrated` predictions. With Horovod, vanilla and its `local@vanilla`
+    # run under Horovod's defaults (fusion, cache: they idle differently), the rest under the
+    # runtime's settings; the ranks re-initialise Horovod where the two alternate.
+    variants = ["vanilla", *(["local@vanilla", "vanilla-nofusion"] if backend == "horovod" else [])]
+    variants += [*runtime, "local"]
+    path = tmp / f"train-{backend}.json"
+    _say(f"  training {', '.join(variants)} ...")
+    env = pace_horovod_env() if backend == "horovod" else None
+    launch(link, backend, [*common, "--variants", ",".join(variants), "--out", str(path)], env)
+    out = {k: [float(v) for v in vs] for k, vs in json.loads(path.read_text()).items()}
+    for kind, rows in json.loads(Path(f"{path}.phases").read_text()).items():
+        # The training thread's time per phase: in forward it also waits for updates (the
+        # runtime's overlapped mode), in backward for reductions (DDP, sync modes).
+        fw, bw, st = (statistics.median(r[i] for r in rows) * 1e3 for i in range(3))
+        _say(f"    {kind}: forward {fw:.1f} ms, backward {bw:.1f} ms, step {st:.1f} ms")
+    if (settings := Path(f"{path}.settings")).exists():
+        for kind, env in json.loads(settings.read_text()).items():
+            shown = ", ".join(f"{k}={v}" for k, v in env.items() if v is not None)
+            _say(f"    {kind} ran under Horovod's {shown or 'defaults'}")
     return out
 
 
 def local_of(variant: str, backend: str) -> str:
-    """The `local` run of the launch that trains ``variant`` (see ``_train``)."""
+    """The `local` run under the Horovod settings that ``variant`` runs with (see ``_train``)."""
     return "local@vanilla" if backend == "horovod" and variant == "vanilla" else "local"
 
 

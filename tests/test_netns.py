@@ -103,3 +103,10 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
     periods = json.loads(out.read_text())
     assert set(periods) == {"vanilla", "online", "pace", "local"}
     assert all(len(v) == 4 and all(p > 0 for p in v) for v in periods.values())
+    if backend == "horovod":
+        # One launch: vanilla's blocks re-initialised Horovod with its defaults, the others
+        # with the runtime's fusion and cache off.
+        settings = json.loads(Path(f"{out}.settings").read_text())
+        off = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"}
+        assert settings["vanilla"] == dict.fromkeys(off)
+        assert settings["pace"] == settings["online"] == settings["local"] == off
