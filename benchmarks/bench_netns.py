@@ -910,14 +910,17 @@ def local_of(variant: str, backend: str) -> str:
 
 
 HANDOFF_STEPS = 6  # calibration iterations (after 2 of warm-up)
+HANDOFF_VARIANTS = ("pace", "online")  # whose units the calibration fits
 
 
 def calibrate_handoff(
     link: Link, backend: str, trace: Any, *, term: Any, tmp: Path, args: argparse.Namespace
 ) -> Any:
     """``term`` with the runtime's own channel time beside compute: train a few iterations
-    with the schedule that ``term`` compiles to (its fused units pack and copy back), fit each
-    unit's channel time beyond the cost model as ``c0 + c1 * bytes``, and express that as the
+    with the schedule that ``term`` compiles to (its fused units pack and copy back) and as
+    many in the online mode (its partitions of at most 4 MiB, with readiness bitmaps), fit
+    each unit's channel time beyond the cost model as ``c0 + c1 * bytes`` over both, and
+    express that as the
     term's per-call delay and stretch (a call beside compute takes ``(1 + stretch) * cost +
     comm_us_per_call``, so ``stretch = c1 / beta`` and ``comm_us_per_call = c0 - stretch *
     alpha``)."""
@@ -935,17 +938,27 @@ def calibrate_handoff(
     out = tmp / f"handoff-{backend}.json"
     argv = ["--role", "train", "--backend", backend, "--schedule", str(path)]
     argv += ["--sync-schedule", str(path), "--batch", str(args.batch), "--blocks", "1"]
-    argv += ["--steps", str(HANDOFF_STEPS), "--variants", "pace", "--out", str(out)]
+    argv += ["--steps", str(HANDOFF_STEPS), "--variants", ",".join(HANDOFF_VARIANTS)]
+    argv += ["--out", str(out)]
     launch(link, backend, argv, pace_horovod_env() if backend == "horovod" else None)
-    done, extra_us = _units_beyond_cost(Path(f"{out}.pace.units"), comm)
+    # Both the replay's units and the online mode's partitions: sizes from a few KiB to tens
+    # of MiB, so that the per-call part and the per-byte part are told apart. On the replay's
+    # few large units alone (4 per iteration at 0.5 Gbit/s) the fit put a 20 ms delay on every
+    # call, which the online mode's many small ones then did not pay (predicted +35%).
+    done, extra_us = [], []
+    for variant in HANDOFF_VARIANTS:
+        d, e = _units_beyond_cost(Path(f"{out}.{variant}.units"), comm)
+        done += d
+        extra_us += e
     size = np.array([b for b, _ in done], dtype=float)
     scale = float(size.max())
     (c0, c1_scaled), _ = nnls(np.column_stack([np.ones_like(size), size / scale]), extra_us)
     stretch = float(c1_scaled) / scale / comm.beta_us_per_byte
     per_call = max(0.0, float(c0) - stretch * comm.alpha_us)
     _say(
-        f"    runtime units beside compute ({len(first.units)} per iteration, {len(done)} "
-        f"timed): beyond the cost model, median {statistics.median(extra_us) / 1e3:.2f} ms; "
+        f"    runtime units beside compute (the replay's {len(first.units)} per iteration and "
+        f"the online mode's, {len(done)} timed): beyond the cost model, median "
+        f"{statistics.median(extra_us) / 1e3:.2f} ms; "
         f"fit {c0 / 1e3:.2f} ms per unit + {c1_scaled / scale * 2**20 / 1e3:.3f} ms per MiB: "
         f"per-call delay {per_call / 1e3:.2f} ms, stretch {stretch:.3f} (the probe's: "
         f"{term.comm_us_per_call / 1e3:.2f} ms, {term.comm_stretch:.3f})"
