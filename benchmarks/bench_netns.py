@@ -459,7 +459,8 @@ def worker_train(args: argparse.Namespace) -> None:
             _reinit_horovod(want)
             current = want
             block(kind, 1, timed=False)  # the new loop's first iteration (cache, buffers)
-        settings_seen.setdefault(kind, dict(current))
+        if args.backend == "horovod":
+            settings_seen.setdefault(kind, dict(current))
         model, opt = runs[kind]
         log = unit_logs.get(kind)
         if log is not None:
