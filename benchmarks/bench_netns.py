@@ -75,6 +75,8 @@ def pace_horovod_env() -> dict[str, str]:
 
 
 _HOROVOD_OVERRIDES: dict[str, str] = {}
+# The Horovod variants that run under Horovod's own defaults (fusion, cache), not the runtime's.
+DEFAULT_SETTINGS_VARIANTS = frozenset({"vanilla", "local@vanilla"})
 LAUNCH_TIMEOUT_S = 1800.0
 NETNS_ETC = Path("/etc/netns")  # per-namespace /etc overrides of `ip netns exec`
 
@@ -451,16 +453,17 @@ def worker_train(args: argparse.Namespace) -> None:
 
     def block(kind: str, steps: int, *, timed: bool = True) -> list[float]:
         nonlocal current
-        if args.backend == "horovod" and (want := _horovod_settings(kind)) != current:
-            # Vanilla Horovod's defaults and the runtime's settings in one launch, so the
-            # shared machine's load between launches is not part of their ratio: Horovod reads
-            # them once per hvd.init(), and re-initialises after hvd.shutdown() (what its
-            # elastic mode does). Nothing is in flight here: every block ends drained.
-            _reinit_horovod(want)
-            current = want
-            block(kind, 1, timed=False)  # the new loop's first iteration (cache, buffers)
         if args.backend == "horovod":
-            settings_seen.setdefault(kind, dict(current))
+            want = _horovod_settings(kind)
+            if want != current:
+                # Vanilla Horovod's defaults and the runtime's settings in one launch, so the
+                # shared machine's load between launches is not part of their ratio: Horovod
+                # reads them once per hvd.init(), and re-initialises after hvd.shutdown()
+                # (what its elastic mode does). Nothing is in flight: every block ends drained.
+                _reinit_horovod(want)
+                current = want
+                block(kind, 1, timed=False)  # the new loop's first iteration (cache, buffers)
+            settings_seen.setdefault(kind, want)
         model, opt = runs[kind]
         log = unit_logs.get(kind)
         if log is not None:
@@ -508,7 +511,7 @@ def _horovod_settings(kind: str | None = None) -> dict[str, str | None]:
     pace_env = pace_horovod_env()
     if kind is None:
         return {k: os.environ.get(k) for k in pace_env}
-    if kind in ("vanilla", "local@vanilla"):
+    if kind in DEFAULT_SETTINGS_VARIANTS:
         return dict.fromkeys(pace_env)
     return dict(pace_env)
 
@@ -907,7 +910,11 @@ def _train(
 
 def local_of(variant: str, backend: str) -> str:
     """The `local` run under the Horovod settings that ``variant`` runs with (see ``_train``)."""
-    return "local@vanilla" if backend == "horovod" and variant == "vanilla" else "local"
+    return (
+        "local@vanilla"
+        if backend == "horovod" and variant in DEFAULT_SETTINGS_VARIANTS
+        else "local"
+    )
 
 
 HANDOFF_STEPS = 6  # calibration iterations (after 2 of warm-up)
@@ -921,10 +928,9 @@ def calibrate_handoff(
     with the schedule that ``term`` compiles to (its fused units pack and copy back) and as
     many in the online mode (its partitions of at most 4 MiB, with readiness bitmaps), fit
     each unit's channel time beyond the cost model as ``c0 + c1 * bytes`` over both, and
-    express that as the
-    term's per-call delay and stretch (a call beside compute takes ``(1 + stretch) * cost +
-    comm_us_per_call``, so ``stretch = c1 / beta`` and ``comm_us_per_call = c0 - stretch *
-    alpha``)."""
+    express that as the term's per-call delay and stretch (a call beside compute takes
+    ``(1 + stretch) * cost + comm_us_per_call``, so ``stretch = c1 / beta`` and
+    ``comm_us_per_call = c0 - stretch * alpha``)."""
     import numpy as np
     from scipy.optimize import nnls
 
