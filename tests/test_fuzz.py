@@ -98,7 +98,9 @@ def test_validate_cli_exits_0_or_2_with_one_line(tmp_path_factory: Any, text: st
         assert err.getvalue().count("\n") == 1
         assert "Traceback" not in err.getvalue()
     else:
-        assert err.getvalue() == ""
+        # A valid file may still earn a documented warning (e.g. a schedule whose priorities
+        # are not in its replay's start order): one line each, never a traceback.
+        assert all(ln.startswith("pace: warning: ") for ln in err.getvalue().splitlines())
 
 
 # --------------------------------------------------------------------------------------------
