@@ -804,9 +804,11 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     trace = dataclasses.replace(base, comm=comm)
                     # The runtime's own units beside compute (issue, completion, negotiation,
                     # packing), measured before compiling by training a few iterations with the
-                    # schedule the probe's term compiles to, and fitted as a per-call delay and
-                    # a stretch. With --handoff it replaces the probe's for the variants the
-                    # runtime drives and for the compiler, which then compiles again.
+                    # schedule the probe's term compiles to: their channel time fitted as a
+                    # per-call delay and a stretch, and what compute lost beside them as the
+                    # per-call and per-byte loss. With --handoff it replaces the probe's for
+                    # the variants the runtime drives and for the compiler, which then compiles
+                    # again (with torch, DDP's compute loss too: the same gloo and link).
                     runtime_term = terms["*"]
                     if args.handoff or args.report_handoff:
                         calibrated = calibrate_handoff(
@@ -814,6 +816,12 @@ def measure(args: argparse.Namespace) -> list[Row]:
                         )
                         if args.handoff:
                             runtime_term = calibrated
+                            if backend == "torch":  # DDP's calls: the same gloo, the same link
+                                terms["*"] = dataclasses.replace(
+                                    terms["*"],
+                                    us_per_call=calibrated.us_per_call,
+                                    us_per_byte=calibrated.us_per_byte,
+                                )
                             terms |= dict.fromkeys(("pace", "pace-sync", "online"), runtime_term)
                     # The compiler sees the link as it is, interference included.
                     result = compile_trace(
@@ -917,23 +925,29 @@ def local_of(variant: str, backend: str) -> str:
     )
 
 
-HANDOFF_STEPS = 6  # calibration iterations (after 2 of warm-up)
+HANDOFF_STEPS = 6  # calibration iterations per block (after 2 of warm-up)
+HANDOFF_BLOCKS = 2  # alternating, so that `local` is timed before and after the others
 HANDOFF_VARIANTS = ("pace", "online")  # whose units the calibration fits
+# Per-call (ms) and per-MiB (ms) compute losses tried before the least-squares refinement:
+# the period is not smooth in them (a loss moves ops past a unit's start), so a local search
+# from the probe's values alone can stop on a step.
+LOSS_GRID_MS = ((0.0, 1.0, 3.0, 10.0, 30.0), (0.0, 0.25, 0.5, 1.0, 2.0, 4.0))
 
 
 def calibrate_handoff(
     link: Link, backend: str, trace: Any, *, term: Any, tmp: Path, args: argparse.Namespace
 ) -> Any:
-    """``term`` with the runtime's own channel time beside compute: train a few iterations
-    with the schedule that ``term`` compiles to (its fused units pack and copy back) and as
-    many in the online mode (its partitions of at most 4 MiB, with readiness bitmaps), fit
-    each unit's channel time beyond the cost model as ``c0 + c1 * bytes`` over both, and
-    express that as the term's per-call delay and stretch (a call beside compute takes
-    ``(1 + stretch) * cost + comm_us_per_call``, so ``stretch = c1 / beta`` and
-    ``comm_us_per_call = c0 - stretch * alpha``)."""
-    import numpy as np
-    from scipy.optimize import nnls
+    """``term`` refitted on a short training run of the schedule it compiles to: the channel
+    part (how long the runtime's units take beside compute, ``_fit_channel``) and then the
+    compute part (what compute loses beside them, ``fit_compute_loss``), so that the compiler
+    and the predictions see what the runtime's units, not the probe's back-to-back calls, cost.
 
+    The run trains the replay, the online mode (its partitions of at most 4 MiB: sizes from a
+    few KiB to tens of MiB, so per-call and per-byte parts are told apart), and `local` (the
+    launch's compute with no communication, which the periods are measured against). With
+    torch, DDP too: its calls share gloo and the link, and its own loop adds none of the
+    runtime's threads, a third point for the compute part.
+    """
     from pace.compiler import compile_trace
     from pace.io import save_schedule
 
@@ -943,15 +957,29 @@ def calibrate_handoff(
     path = tmp / f"handoff-{backend}.schedule.json"
     save_schedule(first, path)
     out = tmp / f"handoff-{backend}.json"
+    timed = [*HANDOFF_VARIANTS, *(["vanilla"] if backend == "torch" else [])]
     argv = ["--role", "train", "--backend", backend, "--schedule", str(path)]
-    argv += ["--sync-schedule", str(path), "--batch", str(args.batch), "--blocks", "1"]
-    argv += ["--steps", str(HANDOFF_STEPS), "--variants", ",".join(HANDOFF_VARIANTS)]
-    argv += ["--out", str(out)]
+    argv += ["--sync-schedule", str(path), "--batch", str(args.batch)]
+    argv += ["--blocks", str(HANDOFF_BLOCKS), "--steps", str(HANDOFF_STEPS)]
+    argv += ["--variants", ",".join([*timed, "local"]), "--out", str(out)]
     launch(link, backend, argv, pace_horovod_env() if backend == "horovod" else None)
-    # Both the replay's units and the online mode's partitions: sizes from a few KiB to tens
-    # of MiB, so that the per-call part and the per-byte part are told apart. On the replay's
-    # few large units alone (4 per iteration at 0.5 Gbit/s) the fit put a 20 ms delay on every
-    # call, which the online mode's many small ones then did not pay (predicted +35%).
+    channel = _fit_channel(out, comm, term, units_per_iteration=len(first.units))
+    periods = {k: [float(v) for v in vs] for k, vs in json.loads(out.read_text()).items()}
+    return fit_compute_loss(trace, first, backend, channel, periods)
+
+
+def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -> Any:
+    """``term`` with the runtime's channel time beside compute: each unit's channel time
+    beyond the cost model, fitted as ``c0 + c1 * bytes`` over the replay's and the online
+    mode's units, expressed as the term's per-call delay and stretch (a call beside compute
+    takes ``(1 + stretch) * cost + comm_us_per_call``, so ``stretch = c1 / beta`` and
+    ``comm_us_per_call = c0 - stretch * alpha``)."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    # Both size ranges: on the replay's few large units alone (4 per iteration at 0.5 Gbit/s)
+    # the fit put a 20 ms delay on every call, which the online mode's many small ones then
+    # did not pay (predicted +35%).
     done, extra_us = [], []
     for variant in HANDOFF_VARIANTS:
         d, e = _units_beyond_cost(Path(f"{out}.{variant}.units"), comm)
@@ -963,14 +991,57 @@ def calibrate_handoff(
     stretch = float(c1_scaled) / scale / comm.beta_us_per_byte
     per_call = max(0.0, float(c0) - stretch * comm.alpha_us)
     _say(
-        f"    runtime units beside compute (the replay's {len(first.units)} per iteration and "
-        f"the online mode's, {len(done)} timed): beyond the cost model, median "
+        f"    runtime units beside compute (the replay's {units_per_iteration} per iteration "
+        f"and the online mode's, {len(done)} timed): beyond the cost model, median "
         f"{statistics.median(extra_us) / 1e3:.2f} ms; "
         f"fit {c0 / 1e3:.2f} ms per unit + {c1_scaled / scale * 2**20 / 1e3:.3f} ms per MiB: "
         f"per-call delay {per_call / 1e3:.2f} ms, stretch {stretch:.3f} (the probe's: "
         f"{term.comm_us_per_call / 1e3:.2f} ms, {term.comm_stretch:.3f})"
     )
     return dataclasses.replace(term, comm_us_per_call=per_call, comm_stretch=stretch)
+
+
+def fit_compute_loss(
+    trace: Any, schedule: Any, backend: str, term: Any, periods: dict[str, list[float]]
+) -> Any:
+    """``term`` with the compute loss per call and per byte that makes the simulator's
+    periods, with compute scaled to the run's `local` (``launch_calibrated_ms``), match the
+    run's measured ones (least squares on relative errors, from the best point of a coarse
+    grid). The probe measures the loss beside back-to-back calls of one size; beside the
+    runtime's units the training thread also shares the interpreter and the cores with the
+    runtime's threads, which the probe never runs (at 1 and 2 Gbit/s the periods were longer
+    than predicted by more than the channel times were)."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    fitted = [v for v in periods if not v.startswith("local")]
+    measured_ms = np.array([statistics.median(periods[v]) * 1e3 for v in fitted])
+
+    def with_loss(x: Sequence[float]) -> Any:
+        return dataclasses.replace(
+            term, us_per_call=float(x[0]) * 1e3, us_per_byte=float(x[1]) * 1e3 / 2**20
+        )
+
+    def residuals(x: Sequence[float]) -> Any:
+        pred = launch_calibrated_ms(
+            trace, schedule, schedule, backend, terms={"*": with_loss(x)}, measured=periods
+        )
+        return np.array([pred[v] for v in fitted]) / measured_ms - 1.0
+
+    probe = (term.us_per_call / 1e3, term.us_per_byte * 2**20 / 1e3)
+    grid = [probe, *itertools.product(*LOSS_GRID_MS)]
+    start = min(grid, key=lambda x: float(np.sum(residuals(x) ** 2)))
+    best = least_squares(residuals, start, bounds=(0.0, np.inf), diff_step=0.05, x_scale=1.0)
+    before, after = residuals(probe), best.fun
+    _say(
+        f"    compute beside the units ({', '.join(fitted)} against `local`, "
+        f"{statistics.median(periods['local']) * 1e3:.0f} ms): the probe's loss "
+        f"{probe[0]:.2f} ms per call + {probe[1]:.3f} ms per MiB misses by "
+        + ", ".join(f"{r:+.1%}" for r in before)
+        + f"; fit {best.x[0]:.2f} ms per call + {best.x[1]:.3f} ms per MiB: "
+        + ", ".join(f"{r:+.1%}" for r in after)
+    )
+    return with_loss(best.x)
 
 
 def _units_beyond_cost(path: Path, comm: Any) -> tuple[list[Any], list[float]]:

@@ -1,0 +1,74 @@
+"""The throttled-link benchmark's handoff fit of the compute loss (bench_netns.fit_compute_loss).
+
+No namespaces here: the "measured" periods are the simulator's own under a known loss, so the
+fit must find a loss that predicts them (the periods, not necessarily the same two numbers: a
+per-call and a per-byte loss can trade off where every unit has a similar size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from benchmarks import bench_netns
+from pace.compiler import compile_trace
+from pace.io import load_trace
+from pace.ir import CommModel, Interference, Trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def vgg() -> tuple[Trace, Interference, object]:
+    trace = load_trace(ROOT / "traces" / "vgg16.json.gz")
+    # A link on which the gradients take about as long as the compute: the loss decides.
+    comm = CommModel(workers=2, alpha_us=500.0, beta_us_per_byte=4e-3)
+    probe = Interference(us_per_call=500.0, idle_loss=0.05, comm_stretch=0.1, comm_us_per_call=2e3)
+    trace = dataclasses.replace(trace, comm=comm)
+    with_probe = dataclasses.replace(comm, interference=probe)
+    schedule = compile_trace(dataclasses.replace(trace, comm=with_probe), baselines=False).schedule
+    return trace, probe, schedule
+
+
+def _periods(trace: Trace, schedule: object, term: Interference) -> dict[str, list[float]]:
+    """What a run under ``term`` measures: the simulator's periods, in seconds."""
+    sims = bench_netns.simulate_variants(
+        trace, schedule, schedule, "torch", terms={"*": dataclasses.replace(term, idle_loss=0.0)}
+    )
+    return {k: [sims[k][0] / 1e3] * 3 for k in ("pace", "online", "vanilla", "local")}
+
+
+def _misses(trace: Trace, schedule: object, term: Interference, periods: dict) -> np.ndarray:
+    pred = bench_netns.launch_calibrated_ms(
+        trace, schedule, schedule, "torch", terms={"*": term}, measured=periods
+    )
+    return np.array([pred[v] / (periods[v][0] * 1e3) - 1 for v in ("pace", "online", "vanilla")])
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    per_call_ms=st.floats(0.0, 20.0),
+    per_mib_ms=st.floats(0.0, 3.0),
+)
+def test_the_fitted_loss_predicts_the_periods_it_was_fitted_on(
+    vgg: tuple[Trace, Interference, object], per_call_ms: float, per_mib_ms: float
+) -> None:
+    trace, probe, schedule = vgg
+    truth = dataclasses.replace(
+        probe, us_per_call=per_call_ms * 1e3, us_per_byte=per_mib_ms * 1e3 / 2**20
+    )
+    periods = _periods(trace, schedule, truth)
+    fitted = bench_netns.fit_compute_loss(trace, schedule, "torch", probe, periods)
+    # Only the compute part moves; the channel part and the idle loss stay the probe's.
+    assert (fitted.comm_stretch, fitted.comm_us_per_call) == (0.1, 2e3)
+    assert fitted.idle_loss == probe.idle_loss
+    assert fitted.us_per_call >= 0
+    assert fitted.us_per_byte >= 0
+    misses = _misses(trace, schedule, fitted, periods)
+    assert np.max(np.abs(misses)) < 0.01, misses
+    assert np.sum(misses**2) <= np.sum(_misses(trace, schedule, probe, periods) ** 2) + 1e-12
