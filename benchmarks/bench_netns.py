@@ -14,18 +14,25 @@ produces first and forward needs last: the case for scheduling).
 Per rate, per backend:
 
 1. **comm fit**: all-reduce times over the throttled link, 2 ranks, fitted to ``alpha + beta *
-   bytes`` (the same statistic as ``pace profile-comm``).
-2. **compile**: the model's trace (profiled once on this CPU, one thread, before any of this)
-   with that cost model, through ``pace.compiler.compile_trace`` (the default pipeline).
-3. **train**: the variants, in blocks alternating within one launch so slow drift of the shared
+   bytes`` (the same statistic as ``pace profile-comm``); then the interference probe
+   (``pace.profiler.interference``: compute lost beside back-to-back calls of one size).
+2. **calibrate** (``--handoff``, the default): a short launch trains the schedule the probe's
+   term compiles to, the online mode and ``local`` (with torch also DDP). The runtime's units'
+   channel time and the compute lost beside them are fitted to it (``calibrate_handoff``),
+   and its ``local`` is the compute the compiler is given: the profile (one process, this CPU,
+   one thread, taken once before any of this) scaled to what the job measured (two ranks on
+   the cores, the backend idling), as a profile taken inside the job would be.
+3. **compile**: that trace with the fitted cost model and term, through
+   ``pace.compiler.compile_trace`` (the default pipeline).
+4. **predict**, before the timed launch: the simulator's replay of the trace under the policy
+   that describes each variant, plus the optimizer step (the replay window holds forward and
+   backward only); the compute is the calibration launch's (``--no-handoff``: the profile's).
+5. **train**: the variants, in blocks alternating within one launch so slow drift of the shared
    machine hits all alike; per-iteration periods (start of one step to the start of the next),
    median over all blocks. Horovod's vanilla run uses Horovod's defaults (tensor fusion,
    response cache); every other variant runs with fusion and cache off, as the pace runtime
    requires. Both are in the same launch: the ranks re-initialise Horovod (``hvd.shutdown()``,
    then ``hvd.init()`` under the other settings) where the blocks switch between the two.
-4. **predict**: the simulator's replay of the same trace with the fitted cost model, under the
-   policy that describes each variant, plus the optimizer step the profiler measured (the
-   replay window holds forward and backward only).
 
 Variants: ``vanilla`` (``hvd.DistributedOptimizer`` with Horovod's defaults; for torch: DDP),
 ``vanilla-nofusion`` (Horovod only: the same, fusion and cache off), ``online`` (the runtime's
@@ -538,7 +545,9 @@ class Row:
     variant: str
     measured_ms: float
     spread_ms: float  # interquartile range of the per-iteration periods
-    predicted_ms: float | None  # with the measured interference term
+    # With the measured interference term, before the run: with --handoff from the
+    # calibration launch's compute (`local` rows: that launch's `local`), else the profile's.
+    predicted_ms: float | None
     independent_ms: float | None  # without it: compute and communication independent
     # No schedule of any kind beats this on the rate's fitted link: CompileResult.lower_bound_us
     # (the zero-overhead optimal preemptive makespan, raised to pace.lp.interference_bound_us
@@ -677,7 +686,6 @@ def simulate_variants(
 ) -> dict[str, tuple[float, float]]:
     """Per variant, in ms: the predicted period (the replay plus the step) and how long the
     replay's channel was busy (what the runtime's unit logs measure)."""
-    from pace.analysis import analyze
     from pace.compiler import sync_trace
     from pace.runtime import ONLINE_CREDIT_BYTES, RuntimeOptions
     from pace.sim import SimOptions, schedule_policy, simulate
@@ -722,10 +730,57 @@ def simulate_variants(
         for k, r in sims.items()
     }
     # No communication at all: only a backend's idle loss slows compute.
-    compute_ms = (analyze(trace).critical_path_us + step_us) / 1e3
+    compute_ms = _compute_us(trace) / 1e3
     out["local"] = (compute_ms * slow("local"), 0.0)
     if backend == "horovod":
         out["local@vanilla"] = (compute_ms * slow("vanilla"), 0.0)
+    return out
+
+
+def _compute_us(trace: Any) -> float:
+    """Compute alone: the critical path of forward and backward, plus the optimizer step."""
+    from pace.analysis import analyze
+
+    return float(analyze(trace).critical_path_us + float(trace.meta.get("optimizer_us", 0.0)))
+
+
+def in_job(trace: Any, local_ms: float) -> Any:
+    """``trace`` with its op durations and optimizer step scaled so that compute alone (the
+    critical path plus the step) takes ``local_ms``: what a profile taken inside the job would
+    have measured (two ranks on the cores, the backend idling beside them)."""
+    from pace.compiler import apply_what_if
+
+    step_us = float(trace.meta.get("optimizer_us", 0.0))
+    scale = local_ms * 1e3 / _compute_us(trace)
+    # The what-if's compute speed-up scales the ops; the step is outside the replay.
+    faster = apply_what_if(trace, compute_speedup=1.0 / scale)
+    return dataclasses.replace(faster, meta={**faster.meta, "optimizer_us": step_us * scale})
+
+
+def simulate_in_job(
+    trace: Any,
+    schedule: Any,
+    sync_schedule: Any,
+    backend: str,
+    *,
+    terms: dict[str, Any],
+    local_ms: dict[str, float],
+) -> dict[str, tuple[float, float]]:
+    """``simulate_variants`` with the compute measured in a launch: per variant, the profile
+    scaled (``in_job``) to the `local` run under the same settings (``local_of``; ``local_ms``
+    by that name). That run already paid the backend's idle loss, so the terms' idle loss is
+    dropped. Variants whose `local` is not in ``local_ms`` are left out; so are the `local`s."""
+    idle_free = {k: dataclasses.replace(t, idle_loss=0.0) for k, t in terms.items()}
+    out: dict[str, tuple[float, float]] = {}
+    for local, ms in local_ms.items():
+        sims = simulate_variants(
+            in_job(trace, ms), schedule, sync_schedule, backend, terms=idle_free
+        )
+        out |= {
+            v: sim
+            for v, sim in sims.items()
+            if not v.startswith("local") and local_of(v, backend) == local
+        }
     return out
 
 
@@ -738,29 +793,12 @@ def launch_calibrated_ms(
     terms: dict[str, Any],
     measured: dict[str, list[float]],
 ) -> dict[str, float]:
-    """Per variant: the prediction with the compute measured under its own settings. The
-    profile's op durations and step are scaled so that compute alone takes what its `local`
-    run took; that run already paid the backend's idle loss, so the terms' idle loss is
-    dropped (what a profile taken inside the job would have seen)."""
-    from pace.analysis import analyze
-    from pace.compiler import apply_what_if
-
-    step_us = float(trace.meta.get("optimizer_us", 0.0))
-    compute_ms = (analyze(trace).critical_path_us + step_us) / 1e3
-    idle_free = {k: dataclasses.replace(t, idle_loss=0.0) for k, t in terms.items()}
-    out: dict[str, float] = {}
-    for local in dict.fromkeys(local_of(v, backend) for v in measured if not v.startswith("local")):
-        scale = statistics.median(measured[local]) * 1e3 / compute_ms
-        # The what-if's compute speed-up scales the ops; the step is outside the replay.
-        faster = apply_what_if(trace, compute_speedup=1.0 / scale)
-        scaled = dataclasses.replace(faster, meta={**faster.meta, "optimizer_us": step_us * scale})
-        sims = simulate_variants(scaled, schedule, sync_schedule, backend, terms=idle_free)
-        out |= {
-            v: sims[v][0]
-            for v in measured
-            if v in sims and not v.startswith("local") and local_of(v, backend) == local
-        }
-    return out
+    """Per variant: the period predicted with the compute that ``measured``'s `local` runs
+    took (``simulate_in_job``); ``measured``: periods in seconds per variant, as the workers
+    write them."""
+    local_ms = {k: statistics.median(v) * 1e3 for k, v in measured.items() if k.startswith("local")}
+    sims = simulate_in_job(trace, schedule, sync_schedule, backend, terms=terms, local_ms=local_ms)
+    return {v: period for v, (period, _) in sims.items() if v in measured}
 
 
 def measure(args: argparse.Namespace) -> list[Row]:
@@ -810,8 +848,9 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     # the variants the runtime drives and for the compiler, which then compiles
                     # again (with torch, DDP's compute loss too: the same gloo and link).
                     runtime_term = terms["*"]
+                    job_local_ms: dict[str, float] = {}  # the calibration run's compute
                     if args.handoff or args.report_handoff:
-                        calibrated = calibrate_handoff(
+                        calibrated, job = calibrate_handoff(
                             link, backend, trace, term=terms["*"], tmp=tmp, args=args
                         )
                         if args.handoff:
@@ -823,31 +862,52 @@ def measure(args: argparse.Namespace) -> list[Row]:
                                     us_per_byte=calibrated.us_per_byte,
                                 )
                             terms |= dict.fromkeys(("pace", "pace-sync", "online"), runtime_term)
-                    # The compiler sees the link as it is, interference included.
-                    result = compile_trace(
-                        dataclasses.replace(
-                            trace, comm=dataclasses.replace(comm, interference=runtime_term)
-                        )
+                            job_local_ms = {
+                                k: statistics.median(v) * 1e3
+                                for k, v in job.items()
+                                if k.startswith("local")
+                            }
+                            _say(
+                                "    compute in the calibration run / in the profile: "
+                                f"{job_local_ms['local'] * 1e3 / _compute_us(trace):.3f}"
+                            )
+                    # The compiler sees the link as it is, interference included; with
+                    # --handoff, the compute as the job measured it (two ranks on the cores,
+                    # the backend idling beside them), not as one process alone did.
+                    compiled = dataclasses.replace(
+                        in_job(trace, job_local_ms["local"]) if job_local_ms else trace,
+                        comm=dataclasses.replace(
+                            comm,
+                            interference=dataclasses.replace(runtime_term, idle_loss=0.0)
+                            if job_local_ms
+                            else runtime_term,
+                        ),
                     )
+                    result = compile_trace(compiled)
                     sched_path = tmp / f"{rate}-{backend}.schedule.json"
                     save_schedule(result.schedule, sched_path)
-                    sync = compile_trace(
-                        dataclasses.replace(
-                            trace, comm=dataclasses.replace(comm, interference=runtime_term)
-                        ),
-                        mode="sync",
-                        baselines=False,
-                    ).schedule
+                    sync = compile_trace(compiled, mode="sync", baselines=False).schedule
                     save_schedule(sync, tmp / f"{rate}-{backend}.sync.schedule.json")
-                    if args.keep:  # the trace with the link's fit, and its schedule, to inspect
+                    if args.keep:  # the trace the schedule was compiled from, and the schedule
                         keep = Path(args.keep)
                         keep.mkdir(parents=True, exist_ok=True)
-                        save_trace(trace, keep / f"{rate}-{backend}.trace.json.gz")
+                        save_trace(compiled, keep / f"{rate}-{backend}.trace.json.gz")
                         shutil.copy(sched_path, keep / sched_path.name)
-                    sims = simulate_variants(trace, result.schedule, sync, backend, terms=terms)
+                    if job_local_ms:  # every prediction from the calibration run's compute
+                        sims = simulate_in_job(
+                            trace,
+                            result.schedule,
+                            sync,
+                            backend,
+                            terms=terms,
+                            local_ms=job_local_ms,
+                        )
+                        sims |= {k: (ms, 0.0) for k, ms in job_local_ms.items()}
+                    else:
+                        sims = simulate_variants(trace, result.schedule, sync, backend, terms=terms)
                     pred = {k: it for k, (it, _) in sims.items()}
                     bound_ms = (
-                        result.lower_bound_us + float(trace.meta.get("optimizer_us", 0.0))
+                        result.lower_bound_us + float(compiled.meta.get("optimizer_us", 0.0))
                     ) / 1e3
                     independent = predictions_ms(trace, result.schedule, sync, backend)
                     measured = _train(link, backend, sched_path, tmp, args)
@@ -936,17 +996,20 @@ LOSS_GRID_MS = ((0.0, 1.0, 3.0, 10.0, 30.0), (0.0, 0.25, 0.5, 1.0, 2.0, 4.0))
 
 def calibrate_handoff(
     link: Link, backend: str, trace: Any, *, term: Any, tmp: Path, args: argparse.Namespace
-) -> Any:
-    """``term`` refitted on a short training run of the schedule it compiles to: the channel
-    part (how long the runtime's units take beside compute, ``_fit_channel``) and then the
-    compute part (what compute loses beside them, ``fit_compute_loss``), so that the compiler
-    and the predictions see what the runtime's units, not the probe's back-to-back calls, cost.
+) -> tuple[Any, dict[str, list[float]]]:
+    """``term`` refitted on a short training run of the schedule it compiles to, and that
+    run's periods (seconds, per variant). The channel part (how long the runtime's units take
+    beside compute, ``_fit_channel``), then the compute part (what compute loses beside them,
+    ``fit_compute_loss``), so that the compiler and the predictions see what the runtime's
+    units, not the probe's back-to-back calls, cost.
 
     The run trains the replay, the online mode (its partitions of at most 4 MiB: sizes from a
     few KiB to tens of MiB, so per-call and per-byte parts are told apart), and `local` (the
-    launch's compute with no communication, which the periods are measured against). With
-    torch, DDP too: its calls share gloo and the link, and its own loop adds none of the
-    runtime's threads, a third point for the compute part.
+    job's compute with no communication, the measure of the others' periods and what the
+    compiler is then given as the compute; with Horovod also `local@vanilla`, under Horovod's
+    defaults, for vanilla's prediction). With torch, DDP too: its calls share gloo and the
+    link, and its own loop adds none of the runtime's threads, a third point for the compute
+    part.
     """
     from pace.compiler import compile_trace
     from pace.io import save_schedule
@@ -958,14 +1021,16 @@ def calibrate_handoff(
     save_schedule(first, path)
     out = tmp / f"handoff-{backend}.json"
     timed = [*HANDOFF_VARIANTS, *(["vanilla"] if backend == "torch" else [])]
+    locals_ = ["local", *(["local@vanilla"] if backend == "horovod" else [])]
     argv = ["--role", "train", "--backend", backend, "--schedule", str(path)]
     argv += ["--sync-schedule", str(path), "--batch", str(args.batch)]
     argv += ["--blocks", str(HANDOFF_BLOCKS), "--steps", str(HANDOFF_STEPS)]
-    argv += ["--variants", ",".join([*timed, "local"]), "--out", str(out)]
+    argv += ["--variants", ",".join([*timed, *locals_]), "--out", str(out)]
     launch(link, backend, argv, pace_horovod_env() if backend == "horovod" else None)
     channel = _fit_channel(out, comm, term, units_per_iteration=len(first.units))
     periods = {k: [float(v) for v in vs] for k, vs in json.loads(out.read_text()).items()}
-    return fit_compute_loss(trace, first, backend, channel, periods)
+    fitted = {k: v for k, v in periods.items() if k in timed or k == "local"}
+    return fit_compute_loss(trace, first, backend, channel, fitted), periods
 
 
 def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -> Any:
@@ -1274,7 +1339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"{MODEL}, batch {args.batch}/rank, 2 ranks in 2 network namespaces over a tc-limited "
         f"veth pair; median per-iteration period over {args.blocks} blocks x {args.steps} "
-        "iterations per variant; predicted = simulator replay + measured optimizer step"
+        "iterations per variant; predicted = simulator replay + measured optimizer step, "
+        "from the calibration launch's compute (with --handoff) or the profile's"
     )
     _print_rows(rows, markdown=args.markdown)
     print()

@@ -72,3 +72,17 @@ def test_the_fitted_loss_predicts_the_periods_it_was_fitted_on(
     misses = _misses(trace, schedule, fitted, periods)
     assert np.max(np.abs(misses)) < 0.01, misses
     assert np.sum(misses**2) <= np.sum(_misses(trace, schedule, probe, periods) ** 2) + 1e-12
+
+
+@settings(max_examples=20, deadline=None)
+@given(local_ms=st.floats(1.0, 1e5))
+def test_in_job_gives_the_compiler_the_compute_the_job_measured(
+    vgg: tuple[Trace, Interference, object], local_ms: float
+) -> None:
+    trace, _, _ = vgg
+    scaled = bench_netns.in_job(trace, local_ms)
+    assert bench_netns._compute_us(scaled) == pytest.approx(local_ms * 1e3, rel=1e-9)
+    # Ops and step by the same factor: the step's share of an iteration is the profile's.
+    share = trace.meta["optimizer_us"] / bench_netns._compute_us(trace)
+    assert scaled.meta["optimizer_us"] / (local_ms * 1e3) == pytest.approx(share, rel=1e-9)
+    assert scaled.comm == trace.comm
