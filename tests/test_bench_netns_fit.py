@@ -86,3 +86,35 @@ def test_in_job_gives_the_compiler_the_compute_the_job_measured(
     share = trace.meta["optimizer_us"] / bench_netns._compute_us(trace)
     assert scaled.meta["optimizer_us"] / (local_ms * 1e3) == pytest.approx(share, rel=1e-9)
     assert scaled.comm == trace.comm
+
+
+@settings(max_examples=30, deadline=None)
+@given(periods=st.lists(st.floats(0.1, 2.0), min_size=3, max_size=40))
+def test_the_median_interval_holds_the_median(periods: list[float]) -> None:
+    ci = bench_netns.median_ci_ms(periods)
+    assert ci is not None
+    median_ms = float(np.median(periods)) * 1e3
+    assert ci[0] <= median_ms + 1e-9
+    assert median_ms <= ci[1] + 1e-9
+    assert min(periods) * 1e3 - 1e-9 <= ci[0]
+    assert ci[1] <= max(periods) * 1e3 + 1e-9
+    row = bench_netns.Row(
+        rate="1gbit",
+        backend="torch",
+        variant="pace",
+        measured_ms=median_ms,
+        spread_ms=0.0,
+        predicted_ms=None,
+        independent_ms=None,
+        median_ci_ms=ci,
+    )
+    # A prediction is within the noise inside the interval or within 5%, and not beyond both.
+    assert bench_netns.within_noise(ci[0], row)
+    assert bench_netns.within_noise(median_ms * 1.049, row)
+    beyond = max(ci[1], median_ms * 1.05) * 1.01
+    assert not bench_netns.within_noise(beyond, row)
+    assert not bench_netns.within_noise(None, row)
+
+
+def test_too_few_periods_have_no_interval() -> None:
+    assert bench_netns.median_ci_ms([0.5, 0.6]) is None
