@@ -1076,8 +1076,8 @@ def fit_compute_loss(
 ) -> Any:
     """``term`` with the compute loss per call and per byte that makes the simulator's
     periods, with compute scaled to the run's `local` (``launch_calibrated_ms``), match the
-    run's measured ones (least squares on relative errors, from the best point of a coarse
-    grid). The probe measures the loss beside back-to-back calls of one size; beside the
+    run's measured ones (least squares on relative errors, from the best few points of a
+    coarse grid). The probe measures the loss beside back-to-back calls of one size; beside the
     runtime's units the training thread also shares the interpreter and the cores with the
     runtime's threads, which the probe never runs (at 1 and 2 Gbit/s the periods were longer
     than predicted by more than the channel times were)."""
