@@ -68,6 +68,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
+from benchmarks._common import compute_only_us  # noqa: E402
+
 MODEL = "pace:vgg-cifar"
 NUM_CLASSES = 10
 LR = 0.01
@@ -742,9 +744,12 @@ def simulate_variants(
 
 def _compute_us(trace: Any) -> float:
     """Compute alone: the critical path of forward and backward, plus the optimizer step."""
-    from pace.analysis import analyze
+    return compute_only_us(trace) + float(trace.meta.get("optimizer_us", 0.0))
 
-    return float(analyze(trace).critical_path_us + float(trace.meta.get("optimizer_us", 0.0)))
+
+def _local_ms(periods: dict[str, list[float]]) -> dict[str, float]:
+    """The median period of each `local` run in ``periods`` (seconds per variant), in ms."""
+    return {k: statistics.median(v) * 1e3 for k, v in periods.items() if k.startswith("local")}
 
 
 def in_job(trace: Any, local_ms: float) -> Any:
@@ -799,8 +804,9 @@ def launch_calibrated_ms(
     """Per variant: the period predicted with the compute that ``measured``'s `local` runs
     took (``simulate_in_job``); ``measured``: periods in seconds per variant, as the workers
     write them."""
-    local_ms = {k: statistics.median(v) * 1e3 for k, v in measured.items() if k.startswith("local")}
-    sims = simulate_in_job(trace, schedule, sync_schedule, backend, terms=terms, local_ms=local_ms)
+    sims = simulate_in_job(
+        trace, schedule, sync_schedule, backend, terms=terms, local_ms=_local_ms(measured)
+    )
     return {v: period for v, (period, _) in sims.items() if v in measured}
 
 
@@ -865,11 +871,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                                     us_per_byte=calibrated.us_per_byte,
                                 )
                             terms |= dict.fromkeys(("pace", "pace-sync", "online"), runtime_term)
-                            job_local_ms = {
-                                k: statistics.median(v) * 1e3
-                                for k, v in job.items()
-                                if k.startswith("local")
-                            }
+                            job_local_ms = _local_ms(job)
                             _say(
                                 "    compute in the calibration run / in the profile: "
                                 f"{job_local_ms['local'] * 1e3 / _compute_us(trace):.3f}"
