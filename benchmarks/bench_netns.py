@@ -17,16 +17,19 @@ Per rate, per backend:
    bytes`` (the same statistic as ``pace profile-comm``); then the interference probe
    (``pace.profiler.interference``: compute lost beside back-to-back calls of one size).
 2. **calibrate** (``--handoff``, the default): a short launch trains the schedule the probe's
-   term compiles to, the online mode and ``local`` (with torch also DDP). The runtime's units'
-   channel time and the compute lost beside them are fitted to it (``calibrate_handoff``),
-   and its ``local`` is the compute the compiler is given: the profile (one process, this CPU,
-   one thread, taken once before any of this) scaled to what the job measured (two ranks on
-   the cores, the backend idling), as a profile taken inside the job would be.
+   term compiles to, the online mode, the sync mode and ``local`` (with torch also DDP). The
+   runtime's units' channel time and the compute lost beside them are fitted to it
+   (``calibrate_handoff``), and its ``local`` is the compute the compiler is given: the
+   profile (one process, this CPU, one thread, taken once before any of this) scaled to what
+   the job measured (two ranks on the cores, the backend idling), as a profile taken inside
+   the job would be.
 3. **compile**: that trace with the fitted cost model and term, through
    ``pace.compiler.compile_trace`` (the default pipeline).
 4. **predict**, before the timed launch: the simulator's replay of the trace under the policy
-   that describes each variant, plus the optimizer step (the replay window holds forward and
-   backward only); the compute is the calibration launch's (``--no-handoff``: the profile's).
+   that describes each variant, plus the optimizer step where the training thread runs it
+   (the replay window holds forward and backward only; the runtime's overlapped modes update
+   in the background as units complete); the compute is the calibration launch's
+   (``--no-handoff``: the profile's).
 5. **train**: the variants, in blocks alternating within one launch so slow drift of the shared
    machine hits all alike; per-iteration periods (start of one step to the start of the next),
    median over all blocks. Horovod's vanilla run uses Horovod's defaults (tensor fusion,
@@ -86,6 +89,11 @@ def pace_horovod_env() -> dict[str, str]:
 _HOROVOD_OVERRIDES: dict[str, str] = {}
 # The Horovod variants that run under Horovod's own defaults (fusion, cache), not the runtime's.
 DEFAULT_SETTINGS_VARIANTS = frozenset({"vanilla", "local@vanilla"})
+# The runtime's overlapped modes apply each unit's update on the runtime's completion thread
+# as the unit completes, while the next forward waits for later units: their step() returns in
+# 0.1 ms (the workers' phase times), so the profiled step is not added to their period. DDP,
+# Horovod and the sync mode run the optimizer's step on the training thread after backward.
+STEP_IN_BACKGROUND = frozenset({"pace", "pace-serial", "online"})
 LAUNCH_TIMEOUT_S = 1800.0
 NETNS_ETC = Path("/etc/netns")  # per-namespace /etc overrides of `ip netns exec`
 
@@ -556,7 +564,8 @@ class Row:
     independent_ms: float | None  # without it: compute and communication independent
     # No schedule of any kind beats this on the rate's fitted link: CompileResult.lower_bound_us
     # (the zero-overhead optimal preemptive makespan, raised to pace.lp.interference_bound_us
-    # under the pace launch's interference term) plus the step.
+    # under the pace launch's interference term); no step: the overlapped mode updates in the
+    # background (STEP_IN_BACKGROUND).
     bound_ms: float | None = None
     # The runtime's variants: their units' channel time per iteration (the unit logs), and the
     # replay's (with the interference term). Where a period is mispredicted, these say whether
@@ -672,7 +681,8 @@ def predictions_ms(
     *,
     terms: dict[str, Any] | None = None,
 ) -> dict[str, float]:
-    """The simulator's replay of each variant, plus the optimizer step the profiler measured.
+    """The simulator's replay of each variant, plus the optimizer step the profiler measured
+    where the training thread runs it (``simulate_variants``).
 
     ``terms``: the interference term each variant runs with (``"*"`` for the rest); none: the
     model without it (compute and communication as independent).
@@ -689,8 +699,9 @@ def simulate_variants(
     *,
     terms: dict[str, Any] | None = None,
 ) -> dict[str, tuple[float, float]]:
-    """Per variant, in ms: the predicted period (the replay plus the step) and how long the
-    replay's channel was busy (what the runtime's unit logs measure)."""
+    """Per variant, in ms: the predicted period (the replay, plus the step where the training
+    thread runs it: ``STEP_IN_BACKGROUND``) and how long the replay's channel was busy (what
+    the runtime's unit logs measure)."""
     from pace.compiler import sync_trace
     from pace.runtime import ONLINE_CREDIT_BYTES, RuntimeOptions
     from pace.sim import SimOptions, schedule_policy, simulate
@@ -731,7 +742,10 @@ def simulate_variants(
     else:
         sims["vanilla"] = simulate(on("vanilla"), "ddp")
     out = {
-        k: ((r.iteration_us + step_us * slow(k)) / 1e3, r.comm_busy_us / 1e3)
+        k: (
+            (r.iteration_us + (0.0 if k in STEP_IN_BACKGROUND else step_us * slow(k))) / 1e3,
+            r.comm_busy_us / 1e3,
+        )
         for k, r in sims.items()
     }
     # No communication at all: only a backend's idle loss slows compute.
@@ -911,9 +925,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     else:
                         sims = simulate_variants(trace, result.schedule, sync, backend, terms=terms)
                     pred = {k: it for k, (it, _) in sims.items()}
-                    bound_ms = (
-                        result.lower_bound_us + float(compiled.meta.get("optimizer_us", 0.0))
-                    ) / 1e3
+                    bound_ms = result.lower_bound_us / 1e3
                     independent = predictions_ms(trace, result.schedule, sync, backend)
                     measured = _train(link, backend, sched_path, tmp, args)
                     ratio = statistics.median(measured["local"]) * 1e3 / independent["local"]
@@ -993,7 +1005,9 @@ def local_of(variant: str, backend: str) -> str:
 
 HANDOFF_STEPS = 6  # calibration iterations per block (after 2 of warm-up)
 HANDOFF_BLOCKS = 3  # alternating: `local` is timed before and after the others
-HANDOFF_VARIANTS = ("pace", "online")  # whose units the calibration fits
+# Whose units' channel time the calibration fits: they run beside compute (the sync mode's
+# last units run after backward, alone, as the cost model has them).
+HANDOFF_VARIANTS = ("pace", "online")
 # Per-call (ms) and per-MiB (ms) compute losses tried before the least-squares refinement:
 # the period is not smooth in them (a loss moves ops past a unit's start), so a local search
 # from the probe's values alone can stop on a step.
@@ -1011,12 +1025,14 @@ def calibrate_handoff(
     units, not the probe's back-to-back calls, cost.
 
     The run trains the replay, the online mode (its partitions of at most 4 MiB: sizes from a
-    few KiB to tens of MiB, so per-call and per-byte parts are told apart), and `local` (the
-    job's compute with no communication, the measure of the others' periods and what the
-    compiler is then given as the compute; with Horovod also `local@vanilla`, under Horovod's
-    defaults, for vanilla's prediction). With torch, DDP too: its calls share gloo and the
-    link, and its own loop adds none of the runtime's threads, a third point for the compute
-    part.
+    few KiB to tens of MiB, so per-call and per-byte parts are told apart), the sync mode (its
+    backward runs beside the units, where the overlapped modes' forward mostly waits for
+    them: on a fit to the overlapped modes alone the sync mode was under-predicted by 5-10%)
+    and `local` (the job's compute with no communication, the measure of the others' periods
+    and what the compiler is then given as the compute; with Horovod also `local@vanilla`,
+    under Horovod's defaults, for vanilla's prediction). With torch, DDP too: its calls share
+    gloo and the link, and its own loop adds none of the runtime's threads, one more point for
+    the compute part.
     """
     from pace.compiler import compile_trace
     from pace.io import save_schedule
@@ -1024,20 +1040,23 @@ def calibrate_handoff(
     comm = trace.comm
     probe_trace = dataclasses.replace(trace, comm=dataclasses.replace(comm, interference=term))
     first = compile_trace(probe_trace, baselines=False).schedule
+    first_sync = compile_trace(probe_trace, mode="sync", baselines=False).schedule
     path = tmp / f"handoff-{backend}.schedule.json"
+    sync_path = tmp / f"handoff-{backend}.sync.schedule.json"
     save_schedule(first, path)
+    save_schedule(first_sync, sync_path)
     out = tmp / f"handoff-{backend}.json"
-    timed = [*HANDOFF_VARIANTS, *(["vanilla"] if backend == "torch" else [])]
+    timed = [*HANDOFF_VARIANTS, "pace-sync", *(["vanilla"] if backend == "torch" else [])]
     locals_ = ["local", *(["local@vanilla"] if backend == "horovod" else [])]
     argv = ["--role", "train", "--backend", backend, "--schedule", str(path)]
-    argv += ["--sync-schedule", str(path), "--batch", str(args.batch)]
+    argv += ["--sync-schedule", str(sync_path), "--batch", str(args.batch)]
     argv += ["--blocks", str(HANDOFF_BLOCKS), "--steps", str(HANDOFF_STEPS)]
     argv += ["--variants", ",".join([*timed, *locals_]), "--out", str(out)]
     launch(link, backend, argv, pace_horovod_env() if backend == "horovod" else None)
     channel = _fit_channel(out, comm, term, units_per_iteration=len(first.units))
     periods = {k: [float(v) for v in vs] for k, vs in json.loads(out.read_text()).items()}
     fitted = {k: v for k, v in periods.items() if k in timed or k == "local"}
-    return fit_compute_loss(trace, first, backend, channel, fitted), periods
+    return fit_compute_loss(trace, (first, first_sync), backend, channel, fitted), periods
 
 
 def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -> Any:
@@ -1074,15 +1093,20 @@ def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -
 
 
 def fit_compute_loss(
-    trace: Any, schedule: Any, backend: str, term: Any, periods: dict[str, list[float]]
+    trace: Any,
+    schedules: tuple[Any, Any],
+    backend: str,
+    term: Any,
+    periods: dict[str, list[float]],
 ) -> Any:
     """``term`` with the compute loss per call and per byte that makes the simulator's
-    periods, with compute scaled to the run's `local` (``launch_calibrated_ms``), match the
-    run's measured ones (least squares on relative errors, from the best few points of a
-    coarse grid). The probe measures the loss beside back-to-back calls of one size; beside the
-    runtime's units the training thread also shares the interpreter and the cores with the
-    runtime's threads, which the probe never runs (at 1 and 2 Gbit/s the periods were longer
-    than predicted by more than the channel times were)."""
+    periods of ``schedules`` (the replay's and the sync mode's), with compute scaled to the
+    run's `local` (``launch_calibrated_ms``), match the run's measured ones (least squares on
+    relative errors, from the best few points of a coarse grid). The probe measures the loss
+    beside back-to-back calls of one size; beside the runtime's units the training thread also
+    shares the interpreter and the cores with the runtime's threads, which the probe never runs
+    (at 1 and 2 Gbit/s the periods were longer than predicted by more than the channel times
+    were)."""
     import numpy as np
     from scipy.optimize import least_squares
 
@@ -1096,7 +1120,7 @@ def fit_compute_loss(
 
     def residuals(x: Sequence[float]) -> Any:
         pred = launch_calibrated_ms(
-            trace, schedule, schedule, backend, terms={"*": with_loss(x)}, measured=periods
+            trace, *schedules, backend, terms={"*": with_loss(x)}, measured=periods
         )
         return np.array([pred[v] for v in fitted]) / measured_ms - 1.0
 
@@ -1388,8 +1412,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"{MODEL}, batch {args.batch}/rank, 2 ranks in 2 network namespaces over a tc-limited "
         f"veth pair; median per-iteration period over {args.blocks} blocks x {args.steps} "
-        "iterations per variant; predicted = simulator replay + measured optimizer step, "
-        "from the calibration launch's compute (with --handoff) or the profile's"
+        "iterations per variant; predicted = simulator replay + measured optimizer step where "
+        "the training thread runs it (not online, pace: they update in the background), from "
+        "the calibration launch's compute (with --handoff) or the profile's"
     )
     _print_rows(rows, markdown=args.markdown)
     print()
@@ -1397,7 +1422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "vanilla's exposed communication (its time over local's) and pace's speed-up, against "
         "the most any schedule could gain: bound = the zero-overhead optimal preemptive "
         "makespan on the fitted link, or the interference bound under the pace launch's term "
-        "where higher, plus the step"
+        "where higher (the overlapped mode updates in the background: no step)"
     )
     _print_goal(rows, markdown=args.markdown)
     print()

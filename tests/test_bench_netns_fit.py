@@ -24,30 +24,39 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def vgg() -> tuple[Trace, Interference, object]:
+def vgg() -> tuple[Trace, Interference, tuple[object, object]]:
     trace = load_trace(ROOT / "traces" / "vgg16.json.gz")
     # A link on which the gradients take about as long as the compute: the loss decides.
     comm = CommModel(workers=2, alpha_us=500.0, beta_us_per_byte=4e-3)
     probe = Interference(us_per_call=500.0, idle_loss=0.05, comm_stretch=0.1, comm_us_per_call=2e3)
     trace = dataclasses.replace(trace, comm=comm)
     with_probe = dataclasses.replace(comm, interference=probe)
-    schedule = compile_trace(dataclasses.replace(trace, comm=with_probe), baselines=False).schedule
-    return trace, probe, schedule
+    probed = dataclasses.replace(trace, comm=with_probe)
+    schedule = compile_trace(probed, baselines=False).schedule
+    sync = compile_trace(probed, mode="sync", baselines=False).schedule
+    return trace, probe, (schedule, sync)
 
 
-def _periods(trace: Trace, schedule: object, term: Interference) -> dict[str, list[float]]:
+FITTED = ("pace", "online", "pace-sync", "vanilla")
+
+
+def _periods(
+    trace: Trace, schedules: tuple[object, object], term: Interference
+) -> dict[str, list[float]]:
     """What a run under ``term`` measures: the simulator's periods, in seconds."""
     sims = bench_netns.simulate_variants(
-        trace, schedule, schedule, "torch", terms={"*": dataclasses.replace(term, idle_loss=0.0)}
+        trace, *schedules, "torch", terms={"*": dataclasses.replace(term, idle_loss=0.0)}
     )
-    return {k: [sims[k][0] / 1e3] * 3 for k in ("pace", "online", "vanilla", "local")}
+    return {k: [sims[k][0] / 1e3] * 3 for k in (*FITTED, "local")}
 
 
-def _misses(trace: Trace, schedule: object, term: Interference, periods: dict) -> np.ndarray:
+def _misses(
+    trace: Trace, schedules: tuple[object, object], term: Interference, periods: dict
+) -> np.ndarray:
     pred = bench_netns.launch_calibrated_ms(
-        trace, schedule, schedule, "torch", terms={"*": term}, measured=periods
+        trace, *schedules, "torch", terms={"*": term}, measured=periods
     )
-    return np.array([pred[v] / (periods[v][0] * 1e3) - 1 for v in ("pace", "online", "vanilla")])
+    return np.array([pred[v] / (periods[v][0] * 1e3) - 1 for v in FITTED])
 
 
 @settings(max_examples=6, deadline=None)
@@ -56,28 +65,28 @@ def _misses(trace: Trace, schedule: object, term: Interference, periods: dict) -
     per_mib_ms=st.floats(0.0, 3.0),
 )
 def test_the_fitted_loss_predicts_the_periods_it_was_fitted_on(
-    vgg: tuple[Trace, Interference, object], per_call_ms: float, per_mib_ms: float
+    vgg: tuple[Trace, Interference, tuple[object, object]], per_call_ms: float, per_mib_ms: float
 ) -> None:
-    trace, probe, schedule = vgg
+    trace, probe, schedules = vgg
     truth = dataclasses.replace(
         probe, us_per_call=per_call_ms * 1e3, us_per_byte=per_mib_ms * 1e3 / 2**20
     )
-    periods = _periods(trace, schedule, truth)
-    fitted = bench_netns.fit_compute_loss(trace, schedule, "torch", probe, periods)
+    periods = _periods(trace, schedules, truth)
+    fitted = bench_netns.fit_compute_loss(trace, schedules, "torch", probe, periods)
     # Only the compute part moves; the channel part and the idle loss stay the probe's.
     assert (fitted.comm_stretch, fitted.comm_us_per_call) == (0.1, 2e3)
     assert fitted.idle_loss == probe.idle_loss
     assert fitted.us_per_call >= 0
     assert fitted.us_per_byte >= 0
-    misses = _misses(trace, schedule, fitted, periods)
+    misses = _misses(trace, schedules, fitted, periods)
     assert np.max(np.abs(misses)) < 0.01, misses
-    assert np.sum(misses**2) <= np.sum(_misses(trace, schedule, probe, periods) ** 2) + 1e-12
+    assert np.sum(misses**2) <= np.sum(_misses(trace, schedules, probe, periods) ** 2) + 1e-12
 
 
 @settings(max_examples=20, deadline=None)
 @given(local_ms=st.floats(1.0, 1e5))
 def test_in_job_gives_the_compiler_the_compute_the_job_measured(
-    vgg: tuple[Trace, Interference, object], local_ms: float
+    vgg: tuple[Trace, Interference, tuple[object, object]], local_ms: float
 ) -> None:
     trace, _, _ = vgg
     scaled = bench_netns.in_job(trace, local_ms)
@@ -118,3 +127,24 @@ def test_the_median_interval_holds_the_median(periods: list[float]) -> None:
 
 def test_too_few_periods_have_no_interval() -> None:
     assert bench_netns.median_ci_ms([0.5, 0.6]) is None
+
+
+@settings(max_examples=5, deadline=None)
+@given(extra_step_ms=st.floats(1.0, 500.0))
+def test_the_step_counts_only_where_the_training_thread_runs_it(
+    vgg: tuple[Trace, Interference, tuple[object, object]], extra_step_ms: float
+) -> None:
+    """The overlapped modes update on the runtime's thread as units complete (their step()
+    returns at once); DDP's, the sync mode's and `local`'s step runs after backward."""
+    trace, probe, schedules = vgg
+    slower = dataclasses.replace(
+        trace, meta={**trace.meta, "optimizer_us": trace.meta["optimizer_us"] + extra_step_ms * 1e3}
+    )
+    before, after = (
+        bench_netns.predictions_ms(t, *schedules, "torch", terms={"*": probe})
+        for t in (trace, slower)
+    )
+    slow = 1.0 / (1.0 - probe.idle_loss)
+    for variant, grows in (("pace", 0), ("online", 0), ("pace-sync", 1), ("vanilla", 1)):
+        assert after[variant] - before[variant] == pytest.approx(grows * extra_step_ms * slow)
+    assert after["local"] - before["local"] == pytest.approx(extra_step_ms * slow)
