@@ -869,22 +869,17 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     # per-call delay and a stretch, and what compute lost beside them as the
                     # per-call and per-byte loss. With --handoff it replaces the probe's for
                     # the variants the runtime drives and for the compiler, which then compiles
-                    # again (with torch, DDP's compute loss too: the same gloo and link).
+                    # again; vanilla (DDP, Horovod's defaults) gets the fitted compute loss too
+                    # (the same backend and link), beside its own calls' channel part.
                     runtime_term = terms["*"]
                     job_local_ms: dict[str, float] = {}  # the calibration run's compute
                     if args.handoff or args.report_handoff:
                         calibrated, job = calibrate_handoff(
-                            link, backend, trace, term=terms["*"], tmp=tmp, args=args
+                            link, backend, trace, terms=terms, tmp=tmp, args=args
                         )
                         if args.handoff:
-                            runtime_term = calibrated
-                            if backend == "torch":  # DDP's calls: the same gloo, the same link
-                                terms["*"] = dataclasses.replace(
-                                    terms["*"],
-                                    us_per_call=calibrated.us_per_call,
-                                    us_per_byte=calibrated.us_per_byte,
-                                )
-                            terms |= dict.fromkeys(("pace", "pace-sync", "online"), runtime_term)
+                            runtime_term = calibrated["pace"]
+                            terms |= calibrated
                             job_local_ms = _local_ms(job)
                             _say(
                                 "    compute in the calibration run / in the profile: "
@@ -1016,28 +1011,39 @@ LOSS_STARTS = 4  # of those, where the refinement starts from
 
 
 def calibrate_handoff(
-    link: Link, backend: str, trace: Any, *, term: Any, tmp: Path, args: argparse.Namespace
-) -> tuple[Any, dict[str, list[float]]]:
-    """``term`` refitted on a short training run of the schedule it compiles to, and that
-    run's periods (seconds, per variant). The channel part (how long the runtime's units take
-    beside compute, ``_fit_channel``), then the compute part (what compute loses beside them,
+    link: Link,
+    backend: str,
+    trace: Any,
+    *,
+    terms: dict[str, Any],
+    tmp: Path,
+    args: argparse.Namespace,
+) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """The probe's terms (``terms["*"]``, under the runtime's settings; with Horovod
+    ``terms["vanilla"]``, under its defaults) refitted on a short training run, per variant
+    the run trains, and that run's periods (seconds, per variant). The runtime's variants get
+    the channel part (how long the runtime's units take beside compute, ``_fit_channel``);
+    every variant the run trains gets the compute part (what compute loses beside the calls,
     ``fit_compute_loss``), so that the compiler and the predictions see what the runtime's
-    units, not the probe's back-to-back calls, cost.
+    units, not the probe's back-to-back calls, cost. Vanilla keeps its own calls' channel
+    part.
 
-    The run trains the replay, the online mode (its partitions of at most 4 MiB: sizes from a
-    few KiB to tens of MiB, so per-call and per-byte parts are told apart), the sync mode (its
-    backward runs beside the units, where the overlapped modes' forward mostly waits for
-    them: on a fit to the overlapped modes alone the sync mode was under-predicted by 5-10%)
-    and `local` (the job's compute with no communication, the measure of the others' periods
-    and what the compiler is then given as the compute; with Horovod also `local@vanilla`,
-    under Horovod's defaults, for vanilla's prediction). With torch, DDP too: its calls share
-    gloo and the link, and its own loop adds none of the runtime's threads, one more point for
-    the compute part.
+    The run trains the schedule ``terms["*"]`` compiles to, the online mode (its partitions of
+    at most 4 MiB: sizes from a few KiB to tens of MiB, so per-call and per-byte parts are
+    told apart), the sync mode (its backward runs beside the units, where the overlapped
+    modes' forward mostly waits for them: on a fit to the overlapped modes alone the sync
+    mode was under-predicted by 5-10%), vanilla (its calls share the backend and the link,
+    and its loop adds none of the runtime's threads; with Horovod its loss was the probe's
+    alone before, and vanilla was under-predicted by 10-13% at 1 and 2 Gbit/s) and `local`
+    (the job's compute with no communication, the measure of the others' periods and what the
+    compiler is then given as the compute; with Horovod also `local@vanilla`, under Horovod's
+    defaults, for vanilla's prediction).
     """
     from pace.compiler import compile_trace
     from pace.io import save_schedule
 
     comm = trace.comm
+    term = terms["*"]
     probe_trace = dataclasses.replace(trace, comm=dataclasses.replace(comm, interference=term))
     first = compile_trace(probe_trace, baselines=False).schedule
     first_sync = compile_trace(probe_trace, mode="sync", baselines=False).schedule
@@ -1046,7 +1052,7 @@ def calibrate_handoff(
     save_schedule(first, path)
     save_schedule(first_sync, sync_path)
     out = tmp / f"handoff-{backend}.json"
-    timed = [*HANDOFF_VARIANTS, "pace-sync", *(["vanilla"] if backend == "torch" else [])]
+    timed = [*HANDOFF_VARIANTS, "pace-sync", "vanilla"]
     locals_ = ["local", *(["local@vanilla"] if backend == "horovod" else [])]
     argv = ["--role", "train", "--backend", backend, "--schedule", str(path)]
     argv += ["--sync-schedule", str(sync_path), "--batch", str(args.batch)]
@@ -1055,8 +1061,10 @@ def calibrate_handoff(
     launch(link, backend, argv, pace_horovod_env() if backend == "horovod" else None)
     channel = _fit_channel(out, comm, term, units_per_iteration=len(first.units))
     periods = {k: [float(v) for v in vs] for k, vs in json.loads(out.read_text()).items()}
-    fitted = {k: v for k, v in periods.items() if k in timed or k == "local"}
-    return fit_compute_loss(trace, (first, first_sync), backend, channel, fitted), periods
+    base = {"*": channel, "vanilla": terms.get("vanilla", term)}
+    fitted = fit_compute_loss(trace, (first, first_sync), backend, base, periods)
+    runtime = dict.fromkeys(("pace", "pace-sync", "online"), fitted["*"])
+    return {**runtime, "vanilla": fitted["vanilla"]}, periods
 
 
 def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -> Any:
@@ -1096,10 +1104,11 @@ def fit_compute_loss(
     trace: Any,
     schedules: tuple[Any, Any],
     backend: str,
-    term: Any,
+    terms: dict[str, Any],
     periods: dict[str, list[float]],
-) -> Any:
-    """``term`` with the compute loss per call and per byte that makes the simulator's
+) -> dict[str, Any]:
+    """``terms`` (per variant, ``"*"`` for the rest, as ``simulate_variants`` takes them), each
+    with the one compute loss per call and per byte that makes the simulator's
     periods of ``schedules`` (the replay's and the sync mode's), with compute scaled to the
     run's `local` (``launch_calibrated_ms``), match the run's measured ones (least squares on
     relative errors, from the best few points of a coarse grid). The probe measures the loss
@@ -1113,21 +1122,21 @@ def fit_compute_loss(
     fitted = [v for v in periods if not v.startswith("local")]
     measured_ms = np.array([statistics.median(periods[v]) * 1e3 for v in fitted])
 
-    def with_loss(x: Sequence[float]) -> Any:
-        return dataclasses.replace(
-            term, us_per_call=float(x[0]) * 1e3, us_per_byte=float(x[1]) * 1e3 / 2**20
-        )
+    def with_loss(x: Sequence[float]) -> dict[str, Any]:
+        loss = {"us_per_call": float(x[0]) * 1e3, "us_per_byte": float(x[1]) * 1e3 / 2**20}
+        return {k: dataclasses.replace(t, **loss) for k, t in terms.items()}
+
+    def misses(by_variant: dict[str, Any]) -> Any:
+        pred = launch_calibrated_ms(trace, *schedules, backend, terms=by_variant, measured=periods)
+        return np.array([pred[v] for v in fitted]) / measured_ms - 1.0
 
     def residuals(x: Sequence[float]) -> Any:
-        pred = launch_calibrated_ms(
-            trace, *schedules, backend, terms={"*": with_loss(x)}, measured=periods
-        )
-        return np.array([pred[v] for v in fitted]) / measured_ms - 1.0
+        return misses(with_loss(x))
 
     def sse(x: Sequence[float]) -> float:
         return float(np.sum(residuals(x) ** 2))
 
-    probe = (term.us_per_call / 1e3, term.us_per_byte * 2**20 / 1e3)
+    probe = (terms["*"].us_per_call / 1e3, terms["*"].us_per_byte * 2**20 / 1e3)
     grid = sorted([probe, *itertools.product(*LOSS_GRID_MS)], key=sse)
     # From the best few grid points: where a variant's loss saturates (MAX_COMPUTE_LOSS), the
     # sum of squares has flat valleys that a single start can settle in.
@@ -1138,11 +1147,12 @@ def fit_compute_loss(
         ),
         key=lambda r: float(np.sum(r.fun**2)),
     )
-    before, after = residuals(probe), best.fun
+    before, after = misses(terms), best.fun
     _say(
         f"    compute beside the units ({', '.join(fitted)} against `local`, "
-        f"{statistics.median(periods['local']) * 1e3:.0f} ms): the probe's loss "
-        f"{probe[0]:.2f} ms per call + {probe[1]:.3f} ms per MiB misses by "
+        f"{statistics.median(periods['local']) * 1e3:.0f} ms): the probes' loss "
+        f"({probe[0]:.2f} ms per call + {probe[1]:.3f} ms per MiB under the runtime's "
+        "settings) misses by "
         + ", ".join(f"{r:+.1%}" for r in before)
         + f"; fit {best.x[0]:.2f} ms per call + {best.x[1]:.3f} ms per MiB: "
         + ", ".join(f"{r:+.1%}" for r in after)
