@@ -1063,7 +1063,7 @@ def calibrate_handoff(
     periods = {k: [float(v) for v in vs] for k, vs in json.loads(out.read_text()).items()}
     base = {"*": channel, "vanilla": terms.get("vanilla", term)}
     fitted = fit_compute_loss(trace, (first, first_sync), backend, base, periods)
-    runtime = dict.fromkeys(("pace", "pace-sync", "online"), fitted["*"])
+    runtime = dict.fromkeys(("pace", "pace-serial", "pace-sync", "online"), fitted["*"])
     return {**runtime, "vanilla": fitted["vanilla"]}, periods
 
 
