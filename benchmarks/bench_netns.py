@@ -89,11 +89,13 @@ def pace_horovod_env() -> dict[str, str]:
 _HOROVOD_OVERRIDES: dict[str, str] = {}
 # The Horovod variants that run under Horovod's own defaults (fusion, cache), not the runtime's.
 DEFAULT_SETTINGS_VARIANTS = frozenset({"vanilla", "local@vanilla"})
+# The variants that pace.runtime drives (the rest: vanilla DDP or Horovod, and `local`s).
+RUNTIME_VARIANTS = frozenset({"online", "pace", "pace-serial", "pace-sync"})
 # The runtime's overlapped modes apply each unit's update on the runtime's completion thread
 # as the unit completes, while the next forward waits for later units: their step() returns in
 # 0.1 ms (the workers' phase times), so the profiled step is not added to their period. DDP,
 # Horovod and the sync mode run the optimizer's step on the training thread after backward.
-STEP_IN_BACKGROUND = frozenset({"pace", "pace-serial", "online"})
+STEP_IN_BACKGROUND = RUNTIME_VARIANTS - {"pace-sync"}
 LAUNCH_TIMEOUT_S = 1800.0
 NETNS_ETC = Path("/etc/netns")  # per-namespace /etc overrides of `ip netns exec`
 
@@ -497,7 +499,7 @@ def worker_train(args: argparse.Namespace) -> None:
             opt.step()
             if timed and i < steps:  # where each measured period went (forward, backward, step)
                 phases[kind].append((t1 - t0, t2 - t1, time.perf_counter() - t2))
-        if kind in ("online", "pace", "pace-serial", "pace-sync"):
+        if kind in RUNTIME_VARIANTS:
             opt.synchronize()  # drain before the next variant's block (vanilla's step() did)
         return [b - a for a, b in itertools.pairwise(starts)]
 
@@ -1063,7 +1065,7 @@ def calibrate_handoff(
     periods = {k: [float(v) for v in vs] for k, vs in json.loads(out.read_text()).items()}
     base = {"*": channel, "vanilla": terms.get("vanilla", term)}
     fitted = fit_compute_loss(trace, (first, first_sync), backend, base, periods)
-    runtime = dict.fromkeys(("pace", "pace-serial", "pace-sync", "online"), fitted["*"])
+    runtime = dict.fromkeys(RUNTIME_VARIANTS, fitted["*"])
     return {**runtime, "vanilla": fitted["vanilla"]}, periods
 
 
