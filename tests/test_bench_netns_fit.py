@@ -23,11 +23,9 @@ from pace.ir import CommModel, Interference, Trace
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def vgg() -> tuple[Trace, Interference, tuple[object, object]]:
+def _vgg_on(beta_us_per_byte: float) -> tuple[Trace, Interference, tuple[object, object]]:
     trace = load_trace(ROOT / "traces" / "vgg16.json.gz")
-    # A link on which the gradients take about as long as the compute: the loss decides.
-    comm = CommModel(workers=2, alpha_us=500.0, beta_us_per_byte=4e-3)
+    comm = CommModel(workers=2, alpha_us=500.0, beta_us_per_byte=beta_us_per_byte)
     probe = Interference(us_per_call=500.0, idle_loss=0.05, comm_stretch=0.1, comm_us_per_call=2e3)
     trace = dataclasses.replace(trace, comm=comm)
     with_probe = dataclasses.replace(comm, interference=probe)
@@ -35,6 +33,19 @@ def vgg() -> tuple[Trace, Interference, tuple[object, object]]:
     schedule = compile_trace(probed, baselines=False).schedule
     sync = compile_trace(probed, mode="sync", baselines=False).schedule
     return trace, probe, (schedule, sync)
+
+
+@pytest.fixture(scope="module")
+def vgg() -> tuple[Trace, Interference, tuple[object, object]]:
+    # A link on which the gradients take about as long as the compute: the loss decides.
+    return _vgg_on(4e-3)
+
+
+@pytest.fixture(scope="module")
+def vgg_slow_link() -> tuple[Trace, Interference, tuple[object, object]]:
+    # A link on which vanilla's calls outlast backward (16 s of 528 MiB against 12 s of
+    # compute): the wait after backward, which vanilla Horovod's fit is about.
+    return _vgg_on(3e-2)
 
 
 FITTED = ("pace", "online", "pace-sync", "vanilla")
@@ -159,3 +170,57 @@ def test_the_step_counts_only_where_the_training_thread_runs_it(
     for variant, grows in (("pace", 0), ("online", 0), ("pace-sync", 1), ("vanilla", 1)):
         assert after[variant] - before[variant] == pytest.approx(grows * extra_step_ms * slow)
     assert after["local"] - before["local"] == pytest.approx(extra_step_ms * slow)
+
+
+HOROVOD_FITTED = ("pace", "online", "pace-sync", "vanilla")
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    per_call_ms=st.floats(0.0, 20.0),
+    per_mib_ms=st.floats(0.0, 3.0),
+    vanilla_scale=st.floats(0.7, 2.5),
+)
+def test_with_horovod_vanilla_keeps_its_probe_and_gets_its_calls_cost_fitted(
+    vgg_slow_link: tuple[Trace, Interference, tuple[object, object]],
+    per_call_ms: float,
+    per_mib_ms: float,
+    vanilla_scale: float,
+) -> None:
+    """Vanilla Horovod's compute runs as fast as `local@vanilla`'s; what it misses is its fused
+    calls' cost. The runtime's variants share the fitted compute loss, vanilla keeps its probe's
+    term, and its calls' per-byte cost is what is fitted to its period."""
+    trace, probe, schedules = vgg_slow_link
+    vanilla_probe = dataclasses.replace(probe, **VANILLA_CHANNEL)
+    runtime_truth = dataclasses.replace(
+        probe, us_per_call=per_call_ms * 1e3, us_per_byte=per_mib_ms * 1e3 / 2**20, idle_loss=0.0
+    )
+    fused = dataclasses.replace(
+        trace.comm, beta_us_per_byte=trace.comm.beta_us_per_byte * vanilla_scale
+    )
+    sims = bench_netns.simulate_variants(
+        trace,
+        *schedules,
+        "horovod",
+        terms={"*": runtime_truth, "vanilla": dataclasses.replace(vanilla_probe, idle_loss=0.0)},
+        comms={"vanilla": fused},
+    )
+    periods = {k: [sims[k][0] / 1e3] * 3 for k in (*HOROVOD_FITTED, "local", "local@vanilla")}
+    base = {"*": probe, "vanilla": vanilla_probe}
+    cal = bench_netns.fit_calibration(trace, schedules, "horovod", base, periods)
+    assert cal.terms["vanilla"] == vanilla_probe
+    runtime = {cal.terms[v] for v in bench_netns.RUNTIME_VARIANTS}
+    assert len(runtime) == 1
+    (fitted,) = runtime
+    assert (fitted.comm_stretch, fitted.comm_us_per_call) == (0.1, 2e3)
+    comm = cal.comms["vanilla"]
+    assert comm.alpha_us == trace.comm.alpha_us
+    # The period rises with the per-byte cost where the calls outlast backward: one scale.
+    assert comm.beta_us_per_byte / trace.comm.beta_us_per_byte == pytest.approx(
+        vanilla_scale, rel=0.02
+    )
+    pred = bench_netns.launch_calibrated_ms(
+        trace, *schedules, "horovod", terms=cal.terms, measured=periods, comms=cal.comms
+    )
+    misses = np.array([pred[v] / (periods[v][0] * 1e3) - 1 for v in HOROVOD_FITTED])
+    assert np.max(np.abs(misses)) < 0.01, misses
