@@ -676,21 +676,37 @@ def fit_absolute(samples: Sequence[tuple[int, float]]) -> Any:
     )
 
 
+@dataclass(frozen=True)
+class AsRun:
+    """How the variants ran, where the trace alone does not say, per variant:
+
+    - ``terms``: the interference term it runs with (``"*"`` for the rest); none: compute and
+      communication as independent;
+    - ``comms``: the cost of its calls where it is not the trace's (vanilla Horovod's fused
+      calls, ``fit_vanilla_channel``);
+    - ``steps_us``: the optimizer step its training thread took in a launch, where that was
+      measured (``STEP_MEASURED``); the rest take the profile's.
+    """
+
+    terms: dict[str, Any] = dataclasses.field(default_factory=dict)
+    comms: dict[str, Any] = dataclasses.field(default_factory=dict)
+    steps_us: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def term(self, variant: str) -> Any:
+        return self.terms.get(variant, self.terms.get("*"))
+
+
 def predictions_ms(
     trace: Any,
     schedule: Any,
     sync_schedule: Any,
     backend: str,
     *,
-    terms: dict[str, Any] | None = None,
+    as_run: AsRun | None = None,
 ) -> dict[str, float]:
-    """The simulator's replay of each variant, plus the optimizer step the profiler measured
-    where the training thread runs it (``simulate_variants``).
-
-    ``terms``: the interference term each variant runs with (``"*"`` for the rest); none: the
-    model without it (compute and communication as independent).
-    """
-    sims = simulate_variants(trace, schedule, sync_schedule, backend, terms=terms)
+    """The simulator's replay of each variant, plus the optimizer step where the training
+    thread runs it (``simulate_variants``)."""
+    sims = simulate_variants(trace, schedule, sync_schedule, backend, as_run=as_run)
     return {k: it for k, (it, _) in sims.items()}
 
 
@@ -700,38 +716,41 @@ def simulate_variants(
     sync_schedule: Any,
     backend: str,
     *,
-    terms: dict[str, Any] | None = None,
-    comms: dict[str, Any] | None = None,
+    as_run: AsRun | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Per variant, in ms: the predicted period (the replay, plus the step where the training
     thread runs it: ``STEP_IN_BACKGROUND``) and how long the replay's channel was busy (what
-    the runtime's unit logs measure). ``comms``: a variant's own calls' cost where it is not
-    the trace's (vanilla Horovod's fused calls, ``fit_vanilla_channel``)."""
+    the runtime's unit logs measure)."""
     from pace.compiler import sync_trace
     from pace.runtime import ONLINE_CREDIT_BYTES, RuntimeOptions
     from pace.sim import SimOptions, schedule_policy, simulate
     from pace.sim.policies import bytescheduler
 
-    terms = terms or {}
-    comms = comms or {}
+    run = as_run or AsRun()
 
     def on(variant: str) -> Any:
-        term = terms.get(variant, terms.get("*"))
-        comm = comms.get(variant, trace.comm)
-        return dataclasses.replace(trace, comm=dataclasses.replace(comm, interference=term))
+        comm = run.comms.get(variant, trace.comm)
+        return dataclasses.replace(
+            trace, comm=dataclasses.replace(comm, interference=run.term(variant))
+        )
 
     def slow(variant: str) -> float:
-        term = terms.get(variant, terms.get("*"))
+        term = run.term(variant)
         return 1.0 / (1.0 - term.idle_loss) if term is not None else 1.0
 
+    def step(variant: str) -> float:
+        if variant in STEP_IN_BACKGROUND:
+            return 0.0
+        return run.steps_us.get(variant, profiled_step_us * slow(variant))
+
     opts = RuntimeOptions()
-    step_us = float(trace.meta.get("optimizer_us", 0.0))
+    profiled_step_us = _step_us(trace)
     # The online mode's 16 MiB credit lets 4 pieces of 4 MiB be in flight. Both backends run
     # the runtime's collectives one at a time, in issue order (Horovod's background thread,
     # the runtime's one-thread gloo group), so the 4 are a queue, committed when issued; and
     # a piece goes only once every rank knows its gradient is ready (the readiness bitmaps).
     online = bytescheduler(partition_bytes=opts.partition_bytes, credit_bytes=ONLINE_CREDIT_BYTES)
-    as_run = SimOptions(queued=True, agreed_readiness=True)
+    queued = SimOptions(queued=True, agreed_readiness=True)
     # The runtime replays a schedule one unit at a time on the link: the contract's own
     # semantics (queued ahead or issued one by one, the same order).
     pace_sim = simulate(on("pace"), schedule_policy(schedule))
@@ -739,7 +758,7 @@ def simulate_variants(
         "pace": pace_sim,
         "pace-serial": pace_sim,
         "pace-sync": simulate(sync_trace(on("pace-sync")), schedule_policy(sync_schedule)),
-        "online": simulate(on("online"), online, options=as_run),
+        "online": simulate(on("online"), online, options=queued),
     }
     if backend == "horovod":
         sims["vanilla"] = simulate(on("vanilla"), "horovod")
@@ -750,7 +769,7 @@ def simulate_variants(
         sims["vanilla"] = simulate(on("vanilla"), "ddp")
     out = {
         k: (
-            (r.iteration_us + (0.0 if k in STEP_IN_BACKGROUND else step_us * slow(k))) / 1e3,
+            (r.iteration_us + step(k)) / 1e3,
             r.comm_busy_us / 1e3,
         )
         for k, r in sims.items()
@@ -765,7 +784,12 @@ def simulate_variants(
 
 def _compute_us(trace: Any) -> float:
     """Compute alone: the critical path of forward and backward, plus the optimizer step."""
-    return compute_only_us(trace) + float(trace.meta.get("optimizer_us", 0.0))
+    return compute_only_us(trace) + _step_us(trace)
+
+
+def _step_us(trace: Any) -> float:
+    """The optimizer step the profile measured."""
+    return float(trace.meta.get("optimizer_us", 0.0))
 
 
 def _local_ms(periods: dict[str, list[float]]) -> dict[str, float]:
@@ -779,7 +803,7 @@ def in_job(trace: Any, local_ms: float) -> Any:
     have measured (two ranks on the cores, the backend idling beside them)."""
     from pace.compiler import apply_what_if
 
-    step_us = float(trace.meta.get("optimizer_us", 0.0))
+    step_us = _step_us(trace)
     scale = local_ms * 1e3 / _compute_us(trace)
     # The what-if's compute speed-up scales the ops; the step is outside the replay.
     faster = apply_what_if(trace, compute_speedup=1.0 / scale)
@@ -792,19 +816,21 @@ def simulate_in_job(
     sync_schedule: Any,
     backend: str,
     *,
-    terms: dict[str, Any],
+    as_run: AsRun,
     local_ms: dict[str, float],
-    comms: dict[str, Any] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """``simulate_variants`` with the compute measured in a launch: per variant, the profile
     scaled (``in_job``) to the `local` run under the same settings (``local_of``; ``local_ms``
     by that name). That run already paid the backend's idle loss, so the terms' idle loss is
     dropped. Variants whose `local` is not in ``local_ms`` are left out; so are the `local`s."""
-    idle_free = {k: dataclasses.replace(t, idle_loss=0.0) for k, t in terms.items()}
+    idle_free = dataclasses.replace(
+        as_run,
+        terms={k: dataclasses.replace(t, idle_loss=0.0) for k, t in as_run.terms.items()},
+    )
     out: dict[str, tuple[float, float]] = {}
     for local, ms in local_ms.items():
         sims = simulate_variants(
-            in_job(trace, ms), schedule, sync_schedule, backend, terms=idle_free, comms=comms
+            in_job(trace, ms), schedule, sync_schedule, backend, as_run=idle_free
         )
         out |= {
             v: sim
@@ -820,9 +846,8 @@ def launch_calibrated_ms(
     sync_schedule: Any,
     backend: str,
     *,
-    terms: dict[str, Any],
+    as_run: AsRun,
     measured: dict[str, list[float]],
-    comms: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Per variant: the period predicted with the compute that ``measured``'s `local` runs
     took (``simulate_in_job``); ``measured``: periods in seconds per variant, as the workers
@@ -832,9 +857,8 @@ def launch_calibrated_ms(
         schedule,
         sync_schedule,
         backend,
-        terms=terms,
+        as_run=as_run,
         local_ms=_local_ms(measured),
-        comms=comms,
     )
     return {v: period for v, (period, _) in sims.items() if v in measured}
 
@@ -884,19 +908,17 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     # per-call delay and a stretch, and what compute lost beside them as the
                     # per-call and per-byte loss. With --handoff it replaces the probe's for
                     # the variants the runtime drives and for the compiler, which then compiles
-                    # again; vanilla (DDP, Horovod's defaults) gets the fitted compute loss too
-                    # (the same backend and link), beside its own calls' channel part.
+                    # again; vanilla gets what the launch measured of it too (``fit_calibration``).
                     runtime_term = terms["*"]
                     job_local_ms: dict[str, float] = {}  # the calibration run's compute
-                    comms: dict[str, Any] = {}  # vanilla Horovod's fused calls, as fitted
+                    as_run = AsRun(terms=terms)
                     if args.handoff or args.report_handoff:
                         cal = calibrate_handoff(
                             link, backend, trace, terms=terms, tmp=tmp, args=args
                         )
                         if args.handoff:
-                            runtime_term = cal.terms["pace"]
-                            terms |= cal.terms
-                            comms = cal.comms
+                            runtime_term = cal.as_run.terms["pace"]
+                            as_run = dataclasses.replace(cal.as_run, terms=terms | cal.as_run.terms)
                             job_local_ms = _local_ms(cal.periods)
                             _say(
                                 "    compute in the calibration run / in the profile: "
@@ -930,13 +952,14 @@ def measure(args: argparse.Namespace) -> list[Row]:
                             result.schedule,
                             sync,
                             backend,
-                            terms=terms,
+                            as_run=as_run,
                             local_ms=job_local_ms,
-                            comms=comms,
                         )
                         sims |= {k: (ms, 0.0) for k, ms in job_local_ms.items()}
                     else:
-                        sims = simulate_variants(trace, result.schedule, sync, backend, terms=terms)
+                        sims = simulate_variants(
+                            trace, result.schedule, sync, backend, as_run=as_run
+                        )
                     pred = {k: it for k, (it, _) in sims.items()}
                     bound_ms = result.lower_bound_us / 1e3
                     independent = predictions_ms(trace, result.schedule, sync, backend)
@@ -948,9 +971,8 @@ def measure(args: argparse.Namespace) -> list[Row]:
                         result.schedule,
                         sync,
                         backend,
-                        terms=terms,
+                        as_run=as_run,
                         measured=measured,
-                        comms=comms,
                     )
                     _report_units(tmp / f"train-{backend}.json.pace.units", comm, result.schedule)
                     iterations = args.blocks * (args.steps + 1)
@@ -1001,10 +1023,9 @@ def _train(
     env = pace_horovod_env() if backend == "horovod" else None
     launch(link, backend, [*common, "--variants", ",".join(variants), "--out", str(path)], env)
     out = {k: [float(v) for v in vs] for k, vs in json.loads(path.read_text()).items()}
-    for kind, rows in json.loads(Path(f"{path}.phases").read_text()).items():
+    for kind, (fw, bw, st) in phase_medians_ms(Path(f"{path}.phases")).items():
         # The training thread's time per phase: in forward it also waits for updates (the
         # runtime's overlapped mode), in backward for reductions (DDP, sync modes).
-        fw, bw, st = (statistics.median(r[i] for r in rows) * 1e3 for i in range(3))
         _say(f"    {kind}: forward {fw:.1f} ms, backward {bw:.1f} ms, step {st:.1f} ms")
     if (settings := Path(f"{path}.settings")).exists():
         for kind, env in json.loads(settings.read_text()).items():
@@ -1036,12 +1057,10 @@ LOSS_STARTS = 4  # of those, where the refinement starts from
 
 @dataclass(frozen=True)
 class Calibration:
-    """What the calibration launch fitted (``calibrate_handoff``): the interference term per
-    variant, the cost of a variant's calls where it is not the probe's (``comms``), and the
-    launch's periods (seconds, per variant)."""
+    """What the calibration launch measured and fitted (``calibrate_handoff``): how each
+    variant ran (``AsRun``) and the launch's periods (seconds, per variant)."""
 
-    terms: dict[str, Any]
-    comms: dict[str, Any]
+    as_run: AsRun
     periods: dict[str, list[float]]
 
 
@@ -1095,41 +1114,78 @@ def calibrate_handoff(
     launch(link, backend, argv, pace_horovod_env() if backend == "horovod" else None)
     channel = _fit_channel(out, comm, term, units_per_iteration=len(first.units))
     periods = {k: [float(v) for v in vs] for k, vs in json.loads(out.read_text()).items()}
-    base = {"*": channel, "vanilla": terms.get("vanilla", term)}
+    steps_us = {
+        k: phases[2] * 1e3
+        for k, phases in phase_medians_ms(Path(f"{out}.phases")).items()
+        if k in step_measured(backend)
+    }
+    in_job_step_ms = _local_ms(periods)["local"] / _compute_us(trace) * _step_us(trace)
+    _say(
+        "    the step on the training thread: "
+        + ", ".join(f"{k} {us / 1e3:.1f} ms" for k, us in steps_us.items())
+        + f" (the profile's, scaled to `local`: {in_job_step_ms:.1f} ms)"
+    )
+    base = AsRun(terms={"*": channel, "vanilla": terms.get("vanilla", term)}, steps_us=steps_us)
     return fit_calibration(trace, (first, first_sync), backend, base, periods)
+
+
+def step_measured(backend: str) -> frozenset[str]:
+    """The variants whose `step` phase is the optimizer step alone, so a launch measures it:
+    their backward returns with every gradient reduced (the sync mode; DDP). Vanilla Horovod's
+    also waits for its reductions (``synchronize()``); the overlapped modes update in the
+    background. In every pair of the df9ce08 run the sync mode's step took 17.8-23.0 ms and
+    DDP's 18.7-21.4 ms against `local`'s 14.7-16.5 ms, which the profile's step misses."""
+    return frozenset({"pace-sync", *(["vanilla"] if backend == "torch" else [])})
+
+
+def phase_medians_ms(path: Path) -> dict[str, tuple[float, ...]]:
+    """Per variant, the median forward, backward and step phase (ms) of a launch's rank 0."""
+    return {
+        kind: tuple(statistics.median(r[i] for r in rows) * 1e3 for i in range(3))
+        for kind, rows in json.loads(path.read_text()).items()
+    }
 
 
 def fit_calibration(
     trace: Any,
     schedules: tuple[Any, Any],
     backend: str,
-    terms: dict[str, Any],
+    as_run: AsRun,
     periods: dict[str, list[float]],
 ) -> Calibration:
-    """The calibration launch's fits, from its periods (seconds, per variant) and the terms
-    its variants ran with (``"*"``: the runtime's, with the fitted channel part; ``"vanilla"``:
-    vanilla's probe).
+    """The calibration launch's fits, from its periods (seconds, per variant) and what it
+    measured of its variants (``as_run``: the terms ``"*"``, the runtime's with the fitted
+    channel part, and ``"vanilla"``, vanilla's probe; the measured steps).
 
     With torch every trained variant shares one compute loss (``fit_compute_loss``): DDP's
     buckets are reduced during backward, beside compute, as the runtime's units are. With
-    Horovod, vanilla is left out of that fit and keeps its probe's term: its backward took what
-    `local@vanilla`'s did in every launch measured (within -23 to +20 ms of 233-283 ms), so
-    its miss is the wait for its fused calls after backward. A shared loss slowed its compute
-    instead and over-predicted the runtime's variants by up to 8.5% while still
-    under-predicting vanilla. Its calls' cost is fitted instead (``fit_vanilla_channel``).
+    Horovod, vanilla is left out of that fit and its compute loses nothing beside its calls:
+    its backward took what `local@vanilla`'s did in every launch measured (within -23 to +20
+    ms of 233-283 ms), and it computes nothing else while they run (``synchronize()`` waits
+    for them before the step). So its miss is the wait for its fused calls after backward.
+    A shared loss slowed its compute instead and over-predicted the runtime's variants by up
+    to 8.5% while still under-predicting vanilla; its probe's loss (one size at a time,
+    back to back) ranged over 0-4.2 ms per MiB between launches minutes apart. Its calls' cost
+    is fitted instead (``fit_vanilla_channel``); its probe's channel part stays.
     """
     if backend != "horovod":
-        fitted = fit_compute_loss(trace, schedules, backend, terms, periods)
-        return Calibration(
-            terms={**dict.fromkeys(RUNTIME_VARIANTS, fitted["*"]), "vanilla": fitted["vanilla"]},
-            comms={},
-            periods=periods,
-        )
+        fitted = fit_compute_loss(trace, schedules, backend, as_run, periods)
+        terms = {
+            **dict.fromkeys(RUNTIME_VARIANTS, fitted.term("*")),
+            "vanilla": fitted.term("vanilla"),
+        }
+        return Calibration(dataclasses.replace(fitted, terms=terms), periods)
     shared = {k: v for k, v in periods.items() if k not in DEFAULT_SETTINGS_VARIANTS}
-    fitted = fit_compute_loss(trace, schedules, backend, {"*": terms["*"]}, shared)
-    by_variant = {**dict.fromkeys(RUNTIME_VARIANTS, fitted["*"]), "vanilla": terms["vanilla"]}
+    runtime = dataclasses.replace(as_run, terms={"*": as_run.terms["*"]})
+    fitted = fit_compute_loss(trace, schedules, backend, runtime, shared)
+    no_loss = {"us_per_call": 0.0, "us_per_byte": 0.0}
+    terms = {
+        **dict.fromkeys(RUNTIME_VARIANTS, fitted.term("*")),
+        "vanilla": dataclasses.replace(as_run.terms["vanilla"], **no_loss),
+    }
+    by_variant = dataclasses.replace(as_run, terms=terms)
     vanilla = fit_vanilla_channel(trace, schedules, backend, by_variant, periods)
-    return Calibration(terms=by_variant, comms={"vanilla": vanilla}, periods=periods)
+    return Calibration(dataclasses.replace(by_variant, comms={"vanilla": vanilla}), periods)
 
 
 VANILLA_SCALES = (0.25, 4.0)  # the search range of vanilla's per-byte cost, times the probe's
@@ -1139,7 +1195,7 @@ def fit_vanilla_channel(
     trace: Any,
     schedules: tuple[Any, Any],
     backend: str,
-    terms: dict[str, Any],
+    as_run: AsRun,
     periods: dict[str, list[float]],
 ) -> Any:
     """Vanilla's calls as the launch ran them: ``trace.comm`` with its per-byte cost scaled so
@@ -1149,7 +1205,7 @@ def fit_vanilla_channel(
     The probe times one tensor per call under the runtime's settings (fusion and cache off).
     Vanilla Horovod fuses: the simulator's cycle fusion charges its fused calls ``alpha + beta
     * bytes``, fewer alphas than vanilla-nofusion's, yet in every run the two took the same
-    time within their spread (0.99-1.01x). Per byte is the part that decides a fused call, so
+    time within their spread (0.97-1.02x). Per byte is the part that decides a fused call, so
     that is the one number fitted. The period rises with it, so a root search (Brent) finds
     it; where the range's ends do not bracket the measurement, the nearer end is kept and
     said."""
@@ -1166,9 +1222,8 @@ def fit_vanilla_channel(
             trace,
             *schedules,
             backend,
-            terms=terms,
+            as_run=dataclasses.replace(as_run, comms={"vanilla": scaled(scale)}),
             measured=wanted,
-            comms={"vanilla": scaled(scale)},
         )
         return pred["vanilla"] / measured_ms - 1.0
 
@@ -1226,11 +1281,11 @@ def fit_compute_loss(
     trace: Any,
     schedules: tuple[Any, Any],
     backend: str,
-    terms: dict[str, Any],
+    as_run: AsRun,
     periods: dict[str, list[float]],
-) -> dict[str, Any]:
-    """``terms`` (per variant, ``"*"`` for the rest, as ``simulate_variants`` takes them), each
-    with the one compute loss per call and per byte that makes the simulator's
+) -> AsRun:
+    """``as_run`` with each of its terms (per variant, ``"*"`` for the rest) given the one
+    compute loss per call and per byte that makes the simulator's
     periods of ``schedules`` (the replay's and the sync mode's), with compute scaled to the
     run's `local` (``launch_calibrated_ms``), match the run's measured ones (least squares on
     relative errors, from the best few points of a coarse grid). The probe measures the loss
@@ -1244,12 +1299,13 @@ def fit_compute_loss(
     fitted = [v for v in periods if not v.startswith("local")]
     measured_ms = np.array([statistics.median(periods[v]) * 1e3 for v in fitted])
 
-    def with_loss(x: Sequence[float]) -> dict[str, Any]:
+    def with_loss(x: Sequence[float]) -> AsRun:
         loss = {"us_per_call": float(x[0]) * 1e3, "us_per_byte": float(x[1]) * 1e3 / 2**20}
-        return {k: dataclasses.replace(t, **loss) for k, t in terms.items()}
+        terms = {k: dataclasses.replace(t, **loss) for k, t in as_run.terms.items()}
+        return dataclasses.replace(as_run, terms=terms)
 
-    def misses(by_variant: dict[str, Any]) -> Any:
-        pred = launch_calibrated_ms(trace, *schedules, backend, terms=by_variant, measured=periods)
+    def misses(run: AsRun) -> Any:
+        pred = launch_calibrated_ms(trace, *schedules, backend, as_run=run, measured=periods)
         return np.array([pred[v] for v in fitted]) / measured_ms - 1.0
 
     def residuals(x: Sequence[float]) -> Any:
@@ -1258,7 +1314,8 @@ def fit_compute_loss(
     def sse(x: Sequence[float]) -> float:
         return float(np.sum(residuals(x) ** 2))
 
-    probe = (terms["*"].us_per_call / 1e3, terms["*"].us_per_byte * 2**20 / 1e3)
+    start = as_run.terms["*"]
+    probe = (start.us_per_call / 1e3, start.us_per_byte * 2**20 / 1e3)
     grid = sorted([probe, *itertools.product(*LOSS_GRID_MS)], key=sse)
     # From the best few grid points: where a variant's loss saturates (MAX_COMPUTE_LOSS), the
     # sum of squares has flat valleys that a single start can settle in.
@@ -1269,7 +1326,7 @@ def fit_compute_loss(
         ),
         key=lambda r: float(np.sum(r.fun**2)),
     )
-    before, after = misses(terms), best.fun
+    before, after = misses(as_run), best.fun
     _say(
         f"    compute beside the units ({', '.join(fitted)} against `local`, "
         f"{statistics.median(periods['local']) * 1e3:.0f} ms): the probes' loss "

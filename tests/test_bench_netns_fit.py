@@ -54,25 +54,26 @@ FITTED = ("pace", "online", "pace-sync", "vanilla")
 VANILLA_CHANNEL = {"comm_stretch": 0.3, "comm_us_per_call": 500.0}
 
 
-def _terms(term: Interference) -> dict[str, Interference]:
-    return {"*": term, "vanilla": dataclasses.replace(term, **VANILLA_CHANNEL)}
+def _as_run(term: Interference, steps_us: dict[str, float]) -> bench_netns.AsRun:
+    terms = {"*": term, "vanilla": dataclasses.replace(term, **VANILLA_CHANNEL)}
+    return bench_netns.AsRun(terms=terms, steps_us=steps_us)
 
 
 def _periods(
-    trace: Trace, schedules: tuple[object, object], term: Interference
+    trace: Trace, schedules: tuple[object, object], run: bench_netns.AsRun
 ) -> dict[str, list[float]]:
-    """What a run under ``term`` measures: the simulator's periods, in seconds."""
-    sims = bench_netns.simulate_variants(
-        trace, *schedules, "torch", terms=_terms(dataclasses.replace(term, idle_loss=0.0))
-    )
+    """What a run as ``run`` describes measures: the simulator's periods, in seconds."""
+    idle_free = {k: dataclasses.replace(t, idle_loss=0.0) for k, t in run.terms.items()}
+    as_run = dataclasses.replace(run, terms=idle_free)
+    sims = bench_netns.simulate_variants(trace, *schedules, "torch", as_run=as_run)
     return {k: [sims[k][0] / 1e3] * 3 for k in (*FITTED, "local")}
 
 
 def _misses(
-    trace: Trace, schedules: tuple[object, object], terms: dict, periods: dict
+    trace: Trace, schedules: tuple[object, object], run: bench_netns.AsRun, periods: dict
 ) -> np.ndarray:
     pred = bench_netns.launch_calibrated_ms(
-        trace, *schedules, "torch", terms=terms, measured=periods
+        trace, *schedules, "torch", as_run=run, measured=periods
     )
     return np.array([pred[v] / (periods[v][0] * 1e3) - 1 for v in FITTED])
 
@@ -81,27 +82,36 @@ def _misses(
 @given(
     per_call_ms=st.floats(0.0, 20.0),
     per_mib_ms=st.floats(0.0, 3.0),
+    sync_step_ms=st.floats(0.0, 500.0),
 )
 def test_the_fitted_loss_predicts_the_periods_it_was_fitted_on(
-    vgg: tuple[Trace, Interference, tuple[object, object]], per_call_ms: float, per_mib_ms: float
+    vgg: tuple[Trace, Interference, tuple[object, object]],
+    per_call_ms: float,
+    per_mib_ms: float,
+    sync_step_ms: float,
 ) -> None:
     trace, probe, schedules = vgg
     truth = dataclasses.replace(
         probe, us_per_call=per_call_ms * 1e3, us_per_byte=per_mib_ms * 1e3 / 2**20
     )
-    periods = _periods(trace, schedules, truth)
-    fitted = bench_netns.fit_compute_loss(trace, schedules, "torch", _terms(probe), periods)
+    # The sync mode's step as the launch measured it: the fit takes it as given.
+    steps_us = {"pace-sync": sync_step_ms * 1e3}
+    periods = _periods(trace, schedules, _as_run(truth, steps_us))
+    start = _as_run(probe, steps_us)
+    fitted = bench_netns.fit_compute_loss(trace, schedules, "torch", start, periods)
     # Only the compute part moves, the same for every variant; each keeps its channel part,
-    # and the idle loss stays the probe's.
-    assert (fitted["*"].comm_stretch, fitted["*"].comm_us_per_call) == (0.1, 2e3)
-    assert (fitted["vanilla"].comm_stretch, fitted["vanilla"].comm_us_per_call) == (0.3, 500.0)
-    loss = {(t.us_per_call, t.us_per_byte) for t in fitted.values()}
+    # and the idle loss stays the probe's; the measured steps stay.
+    assert fitted.steps_us == steps_us
+    assert (fitted.terms["*"].comm_stretch, fitted.terms["*"].comm_us_per_call) == (0.1, 2e3)
+    vanilla = fitted.terms["vanilla"]
+    assert (vanilla.comm_stretch, vanilla.comm_us_per_call) == (0.3, 500.0)
+    loss = {(t.us_per_call, t.us_per_byte) for t in fitted.terms.values()}
     assert len(loss) == 1
     assert min(next(iter(loss))) >= 0
-    assert {t.idle_loss for t in fitted.values()} == {probe.idle_loss}
+    assert {t.idle_loss for t in fitted.terms.values()} == {probe.idle_loss}
     misses = _misses(trace, schedules, fitted, periods)
     assert np.max(np.abs(misses)) < 0.01, misses
-    before = _misses(trace, schedules, _terms(probe), periods)
+    before = _misses(trace, schedules, start, periods)
     assert np.sum(misses**2) <= np.sum(before**2) + 1e-12
 
 
@@ -162,14 +172,39 @@ def test_the_step_counts_only_where_the_training_thread_runs_it(
     slower = dataclasses.replace(
         trace, meta={**trace.meta, "optimizer_us": trace.meta["optimizer_us"] + extra_step_ms * 1e3}
     )
+    as_run = bench_netns.AsRun(terms={"*": probe})
     before, after = (
-        bench_netns.predictions_ms(t, *schedules, "torch", terms={"*": probe})
-        for t in (trace, slower)
+        bench_netns.predictions_ms(t, *schedules, "torch", as_run=as_run) for t in (trace, slower)
     )
     slow = 1.0 / (1.0 - probe.idle_loss)
     for variant, grows in (("pace", 0), ("online", 0), ("pace-sync", 1), ("vanilla", 1)):
         assert after[variant] - before[variant] == pytest.approx(grows * extra_step_ms * slow)
     assert after["local"] - before["local"] == pytest.approx(extra_step_ms * slow)
+
+
+@settings(max_examples=5, deadline=None)
+@given(step_ms=st.floats(0.0, 500.0))
+def test_a_measured_step_replaces_the_profiles_for_its_variant_alone(
+    vgg: tuple[Trace, Interference, tuple[object, object]], step_ms: float
+) -> None:
+    """The sync mode's and DDP's step as a launch measured it; a measured step for an
+    overlapped mode changes nothing (its training thread does not run one)."""
+    trace, probe, schedules = vgg
+    profiled = bench_netns.AsRun(terms={"*": probe})
+    measured = dataclasses.replace(
+        profiled, steps_us={"pace-sync": step_ms * 1e3, "pace": step_ms * 1e3}
+    )
+    before, after = (
+        bench_netns.predictions_ms(trace, *schedules, "torch", as_run=r)
+        for r in (profiled, measured)
+    )
+    profile_step_ms = trace.meta["optimizer_us"] / 1e3 / (1.0 - probe.idle_loss)
+    assert after["pace-sync"] - before["pace-sync"] == pytest.approx(step_ms - profile_step_ms)
+    assert {k: v for k, v in after.items() if k != "pace-sync"} == {
+        k: v for k, v in before.items() if k != "pace-sync"
+    }
+    assert bench_netns.step_measured("torch") == {"pace-sync", "vanilla"}
+    assert bench_netns.step_measured("horovod") == {"pace-sync"}
 
 
 HOROVOD_FITTED = ("pace", "online", "pace-sync", "vanilla")
@@ -188,39 +223,40 @@ def test_with_horovod_vanilla_keeps_its_probe_and_gets_its_calls_cost_fitted(
     vanilla_scale: float,
 ) -> None:
     """Vanilla Horovod's compute runs as fast as `local@vanilla`'s; what it misses is its fused
-    calls' cost. The runtime's variants share the fitted compute loss, vanilla keeps its probe's
-    term, and its calls' per-byte cost is what is fitted to its period."""
+    calls' cost. The runtime's variants share the fitted compute loss, vanilla's compute loses
+    nothing (its probe's channel part stays), and its calls' per-byte cost is what is fitted to
+    its period."""
     trace, probe, schedules = vgg_slow_link
     vanilla_probe = dataclasses.replace(probe, **VANILLA_CHANNEL)
+    vanilla_truth = dataclasses.replace(vanilla_probe, us_per_call=0.0, us_per_byte=0.0)
     runtime_truth = dataclasses.replace(
         probe, us_per_call=per_call_ms * 1e3, us_per_byte=per_mib_ms * 1e3 / 2**20, idle_loss=0.0
     )
     fused = dataclasses.replace(
         trace.comm, beta_us_per_byte=trace.comm.beta_us_per_byte * vanilla_scale
     )
-    sims = bench_netns.simulate_variants(
-        trace,
-        *schedules,
-        "horovod",
-        terms={"*": runtime_truth, "vanilla": dataclasses.replace(vanilla_probe, idle_loss=0.0)},
+    truth = bench_netns.AsRun(
+        terms={"*": runtime_truth, "vanilla": dataclasses.replace(vanilla_truth, idle_loss=0.0)},
         comms={"vanilla": fused},
     )
+    sims = bench_netns.simulate_variants(trace, *schedules, "horovod", as_run=truth)
     periods = {k: [sims[k][0] / 1e3] * 3 for k in (*HOROVOD_FITTED, "local", "local@vanilla")}
-    base = {"*": probe, "vanilla": vanilla_probe}
+    base = bench_netns.AsRun(terms={"*": probe, "vanilla": vanilla_probe})
     cal = bench_netns.fit_calibration(trace, schedules, "horovod", base, periods)
-    assert cal.terms["vanilla"] == vanilla_probe
-    runtime = {cal.terms[v] for v in bench_netns.RUNTIME_VARIANTS}
+    terms = cal.as_run.terms
+    assert terms["vanilla"] == vanilla_truth
+    runtime = {terms[v] for v in bench_netns.RUNTIME_VARIANTS}
     assert len(runtime) == 1
     (fitted,) = runtime
     assert (fitted.comm_stretch, fitted.comm_us_per_call) == (0.1, 2e3)
-    comm = cal.comms["vanilla"]
+    comm = cal.as_run.comms["vanilla"]
     assert comm.alpha_us == trace.comm.alpha_us
     # The period rises with the per-byte cost where the calls outlast backward: one scale.
     assert comm.beta_us_per_byte / trace.comm.beta_us_per_byte == pytest.approx(
         vanilla_scale, rel=0.02
     )
     pred = bench_netns.launch_calibrated_ms(
-        trace, *schedules, "horovod", terms=cal.terms, measured=periods, comms=cal.comms
+        trace, *schedules, "horovod", as_run=cal.as_run, measured=periods
     )
     misses = np.array([pred[v] / (periods[v][0] * 1e3) - 1 for v in HOROVOD_FITTED])
     assert np.max(np.abs(misses)) < 0.01, misses
