@@ -19,11 +19,11 @@ Per rate, per backend:
 2. **calibrate** (``--handoff``, the default): a short launch trains the schedule the probe's
    term compiles to, the online mode, the sync mode, vanilla and ``local``. The runtime's
    units' channel time and the compute lost beside them are fitted to it (with torch, DDP's
-   period too), and with Horovod the per-byte cost of vanilla's fused calls
-   (``calibrate_handoff``); its ``local`` is the compute the compiler is given: the
-   profile (one process, this CPU, one thread, taken once before any of this) scaled to what
-   the job measured (two ranks on the cores, the backend idling), as a profile taken inside
-   the job would be.
+   period too), with Horovod the per-byte cost of vanilla's fused calls, and the sync mode's
+   and DDP's optimizer step is measured (``calibrate_handoff``, ``AsRun``). Its ``local`` is
+   the compute the compiler is given: the profile (one process, this CPU, one thread, taken
+   once before any of this) scaled to what the job measured (two ranks on the cores, the
+   backend idling), as a profile taken inside the job would be.
 3. **compile**: that trace with the fitted cost model and term, through
    ``pace.compiler.compile_trace`` (the default pipeline).
 4. **predict**, before the timed launch: the simulator's replay of the trace under the policy
