@@ -685,7 +685,7 @@ class AsRun:
     - ``comms``: the cost of its calls where it is not the trace's (vanilla Horovod's fused
       calls, ``fit_vanilla_channel``);
     - ``steps_us``: the optimizer step its training thread took in a launch, where that was
-      measured (``STEP_MEASURED``); the rest take the profile's.
+      measured (``step_measured``); the rest take the profile's.
     """
 
     terms: dict[str, Any] = dataclasses.field(default_factory=dict)
