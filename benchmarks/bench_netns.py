@@ -1168,22 +1168,20 @@ def fit_calibration(
     back to back) ranged over 0-4.2 ms per MiB between launches minutes apart. Its calls' cost
     is fitted instead (``fit_vanilla_channel``); its probe's channel part stays.
     """
+
+    def per_variant(runtime: Any, vanilla: Any) -> AsRun:
+        return dataclasses.replace(
+            as_run, terms={**dict.fromkeys(RUNTIME_VARIANTS, runtime), "vanilla": vanilla}
+        )
+
     if backend != "horovod":
         fitted = fit_compute_loss(trace, schedules, backend, as_run, periods)
-        terms = {
-            **dict.fromkeys(RUNTIME_VARIANTS, fitted.term("*")),
-            "vanilla": fitted.term("vanilla"),
-        }
-        return Calibration(dataclasses.replace(fitted, terms=terms), periods)
+        return Calibration(per_variant(fitted.term("*"), fitted.term("vanilla")), periods)
     shared = {k: v for k, v in periods.items() if k not in DEFAULT_SETTINGS_VARIANTS}
     runtime = dataclasses.replace(as_run, terms={"*": as_run.terms["*"]})
     fitted = fit_compute_loss(trace, schedules, backend, runtime, shared)
-    no_loss = {"us_per_call": 0.0, "us_per_byte": 0.0}
-    terms = {
-        **dict.fromkeys(RUNTIME_VARIANTS, fitted.term("*")),
-        "vanilla": dataclasses.replace(as_run.terms["vanilla"], **no_loss),
-    }
-    by_variant = dataclasses.replace(as_run, terms=terms)
+    no_loss = dataclasses.replace(as_run.terms["vanilla"], us_per_call=0.0, us_per_byte=0.0)
+    by_variant = per_variant(fitted.term("*"), no_loss)
     vanilla = fit_vanilla_channel(trace, schedules, backend, by_variant, periods)
     return Calibration(dataclasses.replace(by_variant, comms={"vanilla": vanilla}), periods)
 
