@@ -257,3 +257,43 @@ def test_with_horovod_vanilla_loses_no_compute_and_gets_its_calls_cost_fitted(
     )
     misses = np.array([pred[v] / (periods[v][0] * 1e3) - 1 for v in FITTED])
     assert np.max(np.abs(misses)) < 0.01, misses
+
+
+_PERIODS = st.lists(st.floats(0.1, 2.0), min_size=1, max_size=20)
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=st.data(), n=st.integers(1, 20), ranks=st.integers(2, 4))
+def test_local_is_the_slower_rank_per_iteration_and_the_rest_rank_0s(
+    data: st.DataObject, n: int, ranks: int
+) -> None:
+    series = st.lists(st.floats(0.1, 2.0), min_size=n, max_size=n)
+    per_rank = [
+        {"local": data.draw(series), "local@vanilla": data.draw(series), "pace": data.draw(series)}
+        for _ in range(ranks)
+    ]
+    slower = bench_netns.slower_rank(per_rank)
+    assert set(slower) == {"local", "local@vanilla"}  # the communicating variants are rank 0's
+    for k, periods in slower.items():
+        for i, p in enumerate(periods):
+            assert p == max(r[k][i] for r in per_rank)
+    # Where rank 0 was the slower in every iteration, nothing changes.
+    half = {k: [0.5 * p for p in v] for k, v in per_rank[0].items()}
+    faster = [per_rank[0], *[half] * (ranks - 1)]
+    assert all(faster[0][k] == v for k, v in bench_netns.slower_rank(faster).items())
+
+
+def test_ranks_with_different_numbers_of_periods_are_refused() -> None:
+    with pytest.raises(ValueError, match="different numbers of `local` periods"):
+        bench_netns.slower_rank([{"local": [0.3, 0.3]}, {"local": [0.3]}])
+
+
+def test_a_launch_is_read_with_local_from_the_slower_rank(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "train.json"
+    rank0 = {"pace": [0.5, 0.6], "local": [0.30, 0.40]}
+    rank1 = {"pace": [0.9, 0.9], "local": [0.35, 0.20]}
+    for r, periods in enumerate((rank0, rank1)):
+        Path(f"{out}.rank{r}").write_text(json.dumps(periods))
+    assert bench_netns.read_launch(out) == {"pace": [0.5, 0.6], "local": [0.35, 0.40]}

@@ -103,6 +103,10 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
     periods = json.loads(out.read_text())
     assert set(periods) == {"vanilla", "online", "pace", "local"}
     assert all(len(v) == 4 and all(p > 0 for p in v) for v in periods.values())
+    # Every rank timed its periods; `local` is read per iteration from the slower rank.
+    launched = bench_netns.read_launch(out)
+    assert launched["pace"] == periods["pace"]
+    assert all(a >= b for a, b in zip(launched["local"], periods["local"], strict=True))
     if backend == "horovod":
         # One launch: vanilla's blocks re-initialised Horovod with its defaults, the others
         # with the runtime's fusion and cache off.
