@@ -583,6 +583,11 @@ class Row:
     # communication and interference alone, without the shared machine's drift since the
     # profile. Not for the `local` rows, which calibrate it.
     calibrated_ms: float | None = None
+    # The calibration launch's own median for the same program (the variant; for the
+    # runtime's, the same schedule), minutes earlier (``repeat_ms``): how far the measurement
+    # itself moves between two launches on this shared host. No prediction made from that
+    # launch can be expected nearer than this.
+    repeat_ms: float | None = None
 
 
 def profile_trace(batch: int, out: Path) -> Any:
@@ -915,6 +920,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     runtime_term = terms["*"]
                     job_local_ms: dict[str, float] = {}  # the calibration run's compute
                     as_run = AsRun(terms=terms)
+                    cal: Calibration | None = None
                     if args.handoff or args.report_handoff:
                         cal = calibrate_handoff(
                             link, backend, trace, terms=terms, tmp=tmp, args=args
@@ -979,6 +985,11 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     )
                     _report_units(tmp / f"train-{backend}.json.pace.units", comm, result.schedule)
                     iterations = args.blocks * (args.steps + 1)
+                    repeat = (
+                        repeat_ms(cal, {"pace": result.schedule, "pace-sync": sync})
+                        if cal is not None
+                        else {}
+                    )
                     for variant, periods in measured.items():
                         q = statistics.quantiles(periods, n=4) if len(periods) > 1 else [0, 0, 0]
                         rows.append(
@@ -997,6 +1008,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                                 ),
                                 predicted_channel_ms=sims.get(variant, (0.0, None))[1],
                                 calibrated_ms=calibrated.get(variant),
+                                repeat_ms=repeat.get(variant),
                             )
                         )
                     _print_rows([r for r in rows if r.rate == rate and r.backend == backend])
@@ -1111,6 +1123,8 @@ class Calibration:
 
     as_run: AsRun
     periods: dict[str, list[float]]
+    # The replay's and the sync mode's schedules the launch trained (``calibrate_handoff``).
+    schedules: tuple[Any, Any] | None = None
 
 
 def calibrate_handoff(
@@ -1175,7 +1189,25 @@ def calibrate_handoff(
         + f" (the profile's, scaled to `local`: {in_job_step_ms:.1f} ms)"
     )
     base = AsRun(terms={"*": channel, "vanilla": terms.get("vanilla", term)}, steps_us=steps_us)
-    return fit_calibration(trace, (first, first_sync), backend, base, periods)
+    fitted = fit_calibration(trace, (first, first_sync), backend, base, periods)
+    return dataclasses.replace(fitted, schedules=(first, first_sync))
+
+
+def repeat_ms(cal: Calibration, schedules: dict[str, Any]) -> dict[str, float]:
+    """Per variant, the calibration launch's median period (ms) where the timed launch ran the
+    same program: every variant it trained, except a runtime mode whose schedule (in
+    ``schedules``, by variant) was compiled again to other units."""
+    trained = dict(zip(("pace", "pace-sync"), cal.schedules or (None, None), strict=True))
+    return {
+        v: statistics.median(p) * 1e3
+        for v, p in cal.periods.items()
+        if v not in schedules or _program(trained[v]) == _program(schedules[v])
+    }
+
+
+def _program(schedule: Any) -> Any:
+    """What the runtime replays of a schedule: its units' slices, in priority order."""
+    return None if schedule is None else tuple(u.slices for u in schedule.ordered_units())
 
 
 def step_measured(backend: str) -> frozenset[str]:
@@ -1321,6 +1353,17 @@ def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -
         f"per-call delay {per_call / 1e3:.2f} ms, stretch {stretch:.3f} (the probe's: "
         f"{term.comm_us_per_call / 1e3:.2f} ms, {term.comm_stretch:.3f})"
     )
+    # Per variant, the fit against its own units; the sync mode's are not fitted (see
+    # HANDOFF_VARIANTS), and this says how far its units are from the fit.
+    for variant in (*HANDOFF_VARIANTS, "pace-sync"):
+        d, e = _units_beyond_cost(Path(f"{out}.{variant}.units"), comm)
+        if d:
+            mib = statistics.fmean(b for b, _ in d) / 2**20
+            fit_ms = (c0 + c1_scaled / scale * mib * 2**20) / 1e3
+            _say(
+                f"      {variant}: {mib:.2f} MiB per unit, beyond the cost model "
+                f"{statistics.fmean(e) / 1e3:.2f} ms per unit, the fit {fit_ms:.2f} ms"
+            )
     return dataclasses.replace(term, comm_us_per_call=per_call, comm_stretch=stretch)
 
 
@@ -1458,6 +1501,7 @@ def _print_rows(rows: Sequence[Row], *, markdown: bool = False) -> None:
     base = {(r.rate, r.backend): r for r in rows if r.variant == "vanilla"}
     head = ["rate", "backend", "variant", "measured ms", "IQR ms", "95% CI ms", "speed-up"]
     head += ["predicted ms", "error", "pred. speed-up", "calibrated ms", "error"]
+    head += ["repeat ms", "error"]
     head += ["independent ms", "error"]
     lines = []
     for r in rows:
@@ -1471,11 +1515,12 @@ def _print_rows(rows: Sequence[Row], *, markdown: bool = False) -> None:
         cells = [r.rate, r.backend, r.variant, _ms(r.measured_ms), _ms(r.spread_ms), ci, speed]
         cells += [_ms(r.predicted_ms), _pct(r.predicted_ms, r.measured_ms), pspeed]
         cells += [_ms(r.calibrated_ms), _pct(r.calibrated_ms, r.measured_ms)]
+        cells += [_ms(r.repeat_ms), _pct(r.repeat_ms, r.measured_ms)]
         cells += [_ms(r.independent_ms), _pct(r.independent_ms, r.measured_ms)]
         lines.append(cells)
     _print_table(head, lines, markdown=markdown)
     summary = []
-    for name in ("predicted", "calibrated", "independent"):
+    for name in ("predicted", "calibrated", "repeat", "independent"):
         scored = [
             (r, x)
             for r in rows

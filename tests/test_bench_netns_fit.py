@@ -297,3 +297,27 @@ def test_a_launch_is_read_with_local_from_the_slower_rank(tmp_path: Path) -> Non
     for r, periods in enumerate((rank0, rank1)):
         Path(f"{out}.rank{r}").write_text(json.dumps(periods))
     assert bench_netns.read_launch(out) == {"pace": [0.5, 0.6], "local": [0.35, 0.40]}
+
+
+def test_the_repeat_is_the_calibration_launchs_median_of_the_same_program(
+    vgg: tuple[Trace, Interference, tuple[object, object]],
+) -> None:
+    _, _, (schedule, sync) = vgg
+    assert bench_netns._program(schedule) != bench_netns._program(sync)
+    periods = {"pace": [0.4, 0.5, 0.6], "pace-sync": [0.7, 0.7, 0.8], "vanilla": [0.9]}
+    periods["local"] = [0.3, 0.3]
+    cal = bench_netns.Calibration(bench_netns.AsRun(), periods, schedules=(schedule, sync))
+    same = bench_netns.repeat_ms(cal, {"pace": schedule, "pace-sync": sync})
+    assert same == pytest.approx(
+        {"pace": 500.0, "pace-sync": 700.0, "vanilla": 900.0, "local": 300.0}
+    )
+    # Compiled again to other units, the timed launch ran another program: no repeat for it.
+    assert set(bench_netns.repeat_ms(cal, {"pace": sync, "pace-sync": sync})) == {
+        "pace-sync",
+        "vanilla",
+        "local",
+    }
+    # Its priorities renumbered in the same order, it is the same program.
+    units = tuple(dataclasses.replace(u, priority=2.0 * u.priority + 1.0) for u in schedule.units)  # type: ignore[attr-defined]
+    renumbered = dataclasses.replace(schedule, units=units)  # type: ignore[type-var]
+    assert "pace" in bench_netns.repeat_ms(cal, {"pace": renumbered, "pace-sync": sync})
