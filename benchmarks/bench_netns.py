@@ -44,7 +44,12 @@ ByteScheduler mode: layer priority, 4 MiB partitions, 16 MiB credit), ``pace`` (
 replaying the compiled schedule), ``pace-sync`` (the runtime's synchronous mode,
 ``wrap(..., sync=True)`` with a schedule compiled by ``--mode sync``: ``backward()`` returns
 with every gradient reduced, as DDP's, the mode gradient clipping and ``GradScaler`` need),
-``local`` (no communication: what compute alone costs while the other rank also runs).
+``local`` (no communication: what compute alone costs while the other rank also runs; per
+iteration the slower rank's period, which a job that communicates waits for: ``slower_rank``).
+
+Beside each prediction: ``calibrated`` (the same replay from the timed launch's own ``local``)
+and ``repeat`` (the calibration launch's own measurement of the same program: how far a
+measurement moves between two launches on this host, the floor under any prediction's error).
 """
 
 from __future__ import annotations
@@ -516,7 +521,7 @@ def worker_train(args: argparse.Namespace) -> None:
         if hasattr(opt, "close"):
             opt.close()
     # Every rank's periods: where the ranks synchronise, an iteration waits for the slower
-    # one (``rank_skew``).
+    # one (``slower_rank``).
     Path(f"{args.out}.rank{rank}").write_text(json.dumps(periods))
     if rank == 0:
         Path(args.out).write_text(json.dumps(periods))
@@ -1081,9 +1086,10 @@ def slower_rank(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, list[fl
     miss that wait. Measured at 2 Gbit/s with Horovod, the slower rank per iteration took
     2.7% longer than rank 0's median (4.1% in the mean), and with torch rank 1 was the faster
     in every iteration (294 against 311 ms): rank 0's own periods are the job's compute only
-    where it happens to be the slower rank. The blocks of a launch start together on every
-    rank (the ranks synchronise in the block before), so iteration ``i`` of a `local` block
-    runs at about the same time on each."""
+    where it happens to be the slower rank. Iteration ``i`` of a `local` block runs at about
+    the same time on each rank: a block starts after one that synchronised the ranks, or
+    after another `local` block. With independent noise on each rank, a job that
+    synchronises every iteration pays the expected maximum too, not rank 0's median."""
     out: dict[str, list[float]] = {}
     for k in per_rank[0]:
         if not k.startswith("local"):
