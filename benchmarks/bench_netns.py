@@ -1115,6 +1115,7 @@ HANDOFF_BLOCKS = 3  # alternating: `local` is timed before and after the others
 # Whose units' channel time the calibration fits: they run beside compute (the sync mode's
 # last units run after backward, alone, as the cost model has them).
 HANDOFF_VARIANTS = ("pace", "online")
+RUNTIME_MODES_LOGGED = (*HANDOFF_VARIANTS, "pace-sync")  # the calibration launch's unit logs
 # Per-call (ms) and per-MiB (ms) compute losses tried before the least-squares refinement:
 # the period is not smooth in them (a loss moves ops past a unit's start), so a local search
 # from the probe's values alone can stop on a step.
@@ -1341,11 +1342,10 @@ def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -
     # Both size ranges: on the replay's few large units alone (4 per iteration at 0.5 Gbit/s)
     # the fit put a 20 ms delay on every call, which the online mode's many small ones then
     # did not pay (predicted +35%).
-    done, extra_us = [], []
-    for variant in HANDOFF_VARIANTS:
-        d, e = _units_beyond_cost(Path(f"{out}.{variant}.units"), comm)
-        done += d
-        extra_us += e
+    # Each mode's units read once: the fit takes HANDOFF_VARIANTS', the report every mode's.
+    units = {v: _units_beyond_cost(Path(f"{out}.{v}.units"), comm) for v in RUNTIME_MODES_LOGGED}
+    done = [u for v in HANDOFF_VARIANTS for u in units[v][0]]
+    extra_us = [e for v in HANDOFF_VARIANTS for e in units[v][1]]
     size = np.array([b for b, _ in done], dtype=float)
     scale = float(size.max())
     (c0, c1_scaled), _ = nnls(np.column_stack([np.ones_like(size), size / scale]), extra_us)
@@ -1361,8 +1361,7 @@ def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -
     )
     # Per variant, the fit against its own units; the sync mode's are not fitted (see
     # HANDOFF_VARIANTS), and this says how far its units are from the fit.
-    for variant in (*HANDOFF_VARIANTS, "pace-sync"):
-        d, e = _units_beyond_cost(Path(f"{out}.{variant}.units"), comm)
+    for variant, (d, e) in units.items():
         if d:
             mib = statistics.fmean(b for b, _ in d) / 2**20
             fit_ms = (c0 + c1_scaled / scale * mib * 2**20) / 1e3

@@ -259,9 +259,6 @@ def test_with_horovod_vanilla_loses_no_compute_and_gets_its_calls_cost_fitted(
     assert np.max(np.abs(misses)) < 0.01, misses
 
 
-_PERIODS = st.lists(st.floats(0.1, 2.0), min_size=1, max_size=20)
-
-
 @settings(max_examples=50, deadline=None)
 @given(data=st.data(), n=st.integers(1, 20), ranks=st.integers(2, 4))
 def test_local_is_the_slower_rank_per_iteration_and_the_rest_rank_0s(
