@@ -50,6 +50,11 @@ iteration the slower rank's period, which a job that communicates waits for: ``s
 Beside each prediction: ``calibrated`` (the same replay from the timed launch's own ``local``)
 and ``repeat`` (the calibration launch's own measurement of the same program: how far a
 measurement moves between two launches on this host, the floor under any prediction's error).
+Where the compiler replaced the calibration launch's schedules, the timed launch trains those
+too (``pace@cal``, ``pace-sync@cal``), so the compiled modes' programs have a repeat as well.
+
+The runtime's units are timed on every rank; a unit's channel time is from when the last rank
+could start it to when the last rank saw it done (``merged_units``).
 """
 
 from __future__ import annotations
@@ -96,12 +101,19 @@ _HOROVOD_OVERRIDES: dict[str, str] = {}
 # The Horovod variants that run under Horovod's own defaults (fusion, cache), not the runtime's.
 DEFAULT_SETTINGS_VARIANTS = frozenset({"vanilla", "local@vanilla"})
 # The variants that pace.runtime drives (the rest: vanilla DDP or Horovod, and `local`s).
-RUNTIME_VARIANTS = frozenset({"online", "pace", "pace-serial", "pace-sync"})
+# `pace@cal` and `pace-sync@cal`: the calibration launch's schedules, trained again in the
+# timed launch where the compiler then compiled to other units (``again_schedules``).
+AGAIN = "@cal"
+COMPILED_MODES = ("pace", "pace-sync")
+RUNTIME_VARIANTS = frozenset(
+    {"online", "pace", "pace-serial", "pace-sync", *(f"{v}{AGAIN}" for v in COMPILED_MODES)}
+)
+SYNC_VARIANTS = frozenset({"pace-sync", f"pace-sync{AGAIN}"})
 # The runtime's overlapped modes apply each unit's update on the runtime's completion thread
 # as the unit completes, while the next forward waits for later units: their step() returns in
 # 0.1 ms (the workers' phase times), so the profiled step is not added to their period. DDP,
 # Horovod and the sync mode run the optimizer's step on the training thread after backward.
-STEP_IN_BACKGROUND = RUNTIME_VARIANTS - {"pace-sync"}
+STEP_IN_BACKGROUND = RUNTIME_VARIANTS - SYNC_VARIANTS
 LAUNCH_TIMEOUT_S = 1800.0
 NETNS_ETC = Path("/etc/netns")  # per-namespace /etc overrides of `ip netns exec`
 
@@ -400,10 +412,12 @@ def worker_interference(args: argparse.Namespace) -> None:
 
 
 class UnitLog:
-    """A runtime monitor that keeps each unit's channel time (bytes, us)."""
+    """A runtime monitor that keeps, per unit, its bytes, its channel time on this rank (us)
+    and when this rank saw it done (``time.perf_counter()``, s: one clock for every rank of
+    the host, so the ranks' logs line up; ``merged_units``)."""
 
     def __init__(self) -> None:
-        self.done: list[tuple[int, float]] = []
+        self.done: list[tuple[int, float, float]] = []
         self.timing = True  # off during warm-up: only the measured blocks' units count
 
     def on_grad_ready(self, tensor: int, t_us: float) -> None:
@@ -411,7 +425,7 @@ class UnitLog:
 
     def on_unit_done(self, unit_index: int, size_bytes: int, duration_us: float) -> None:
         if self.timing:
-            self.done.append((size_bytes, duration_us))
+            self.done.append((size_bytes, duration_us, time.perf_counter()))
 
 
 def worker_train(args: argparse.Namespace) -> None:
@@ -454,6 +468,8 @@ def worker_train(args: argparse.Namespace) -> None:
             "pace": args.schedule,
             "pace-serial": args.schedule,
             "pace-sync": args.sync_schedule,
+            f"pace{AGAIN}": args.again_schedule,
+            f"pace-sync{AGAIN}": args.again_sync_schedule,
         }.get(kind)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -464,7 +480,7 @@ def worker_train(args: argparse.Namespace) -> None:
                 backend=args.backend,
                 monitor=unit_logs.setdefault(kind, UnitLog()),
                 options=pace.runtime.RuntimeOptions(
-                    sync=kind == "pace-sync",
+                    sync=kind in SYNC_VARIANTS,
                     # pace-serial: the replay issuing a unit only once the last one is done,
                     # waiting for the runtime's threads between units (the default before
                     # the backends ran in order).
@@ -523,11 +539,11 @@ def worker_train(args: argparse.Namespace) -> None:
     # Every rank's periods: where the ranks synchronise, an iteration waits for the slower
     # one (``slower_rank``).
     Path(f"{args.out}.rank{rank}").write_text(json.dumps(periods))
+    for kind, log in unit_logs.items():  # what each unit held the channel for (read_units)
+        Path(f"{args.out}.{kind}.units.rank{rank}").write_text(json.dumps(log.done))
     if rank == 0:
         Path(args.out).write_text(json.dumps(periods))
         Path(f"{args.out}.phases").write_text(json.dumps(phases))
-        for kind, log in unit_logs.items():  # what each unit held the channel for
-            Path(f"{args.out}.{kind}.units").write_text(json.dumps(log.done))
         if settings_seen:
             Path(f"{args.out}.settings").write_text(json.dumps(settings_seen))
 
@@ -955,6 +971,16 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     save_schedule(result.schedule, sched_path)
                     sync = compile_trace(compiled, mode="sync", baselines=False).schedule
                     save_schedule(sync, tmp / f"{rate}-{backend}.sync.schedule.json")
+                    # The calibration's schedules the compiler replaced, trained again in the
+                    # timed launch: their repeat is how far a compiled mode's program moved.
+                    again = (
+                        again_schedules(cal, {"pace": result.schedule, "pace-sync": sync})
+                        if cal is not None and job_local_ms
+                        else {}
+                    )
+                    again_paths = {v: tmp / f"{rate}-{backend}.{v}.schedule.json" for v in again}
+                    for v, schedule in again.items():
+                        save_schedule(schedule, again_paths[v])
                     if args.keep:  # the trace the schedule was compiled from, and the schedule
                         keep = Path(args.keep)
                         keep.mkdir(parents=True, exist_ok=True)
@@ -970,6 +996,17 @@ def measure(args: argparse.Namespace) -> list[Row]:
                             local_ms=job_local_ms,
                         )
                         sims |= {k: (ms, 0.0) for k, ms in job_local_ms.items()}
+                        if cal is not None and cal.schedules is not None:
+                            sims |= as_again(
+                                simulate_in_job(
+                                    trace,
+                                    *cal.schedules,
+                                    backend,
+                                    as_run=as_run,
+                                    local_ms=job_local_ms,
+                                ),
+                                again,
+                            )
                     else:
                         sims = simulate_variants(
                             trace, result.schedule, sync, backend, as_run=as_run
@@ -977,7 +1014,11 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     pred = {k: it for k, (it, _) in sims.items()}
                     bound_ms = result.lower_bound_us / 1e3
                     independent = predictions_ms(trace, result.schedule, sync, backend)
-                    measured = _train(link, backend, sched_path, tmp, args)
+                    if cal is not None and cal.schedules is not None:
+                        independent |= as_again(
+                            predictions_ms(trace, *cal.schedules, backend), again
+                        )
+                    measured = _train(link, backend, sched_path, tmp, args, again=again_paths)
                     ratio = statistics.median(measured["local"]) * 1e3 / independent["local"]
                     _say(f"    compute in the run / in the profile: {ratio:.3f}")
                     calibrated = launch_calibrated_ms(
@@ -988,6 +1029,17 @@ def measure(args: argparse.Namespace) -> list[Row]:
                         as_run=as_run,
                         measured=measured,
                     )
+                    if cal is not None and cal.schedules is not None:
+                        calibrated |= as_again(
+                            launch_calibrated_ms(
+                                trace,
+                                *cal.schedules,
+                                backend,
+                                as_run=as_run,
+                                measured=measured,
+                            ),
+                            again,
+                        )
                     _report_units(tmp / f"train-{backend}.json.pace.units", comm, result.schedule)
                     iterations = args.blocks * (args.steps + 1)
                     repeat = (
@@ -1023,14 +1075,26 @@ def measure(args: argparse.Namespace) -> list[Row]:
 
 
 def _train(
-    link: Link, backend: str, schedule: Path, tmp: Path, args: argparse.Namespace
+    link: Link,
+    backend: str,
+    schedule: Path,
+    tmp: Path,
+    args: argparse.Namespace,
+    *,
+    again: dict[str, Path] | None = None,
 ) -> dict[str, list[float]]:
+    """The timed launch; ``again``: the calibration's schedules to train too, by variant
+    (``again_schedules``)."""
+    again = again or {}
     common = ["--role", "train", "--backend", backend, "--schedule", str(schedule)]
     common += ["--sync-schedule", str(schedule.with_suffix("").with_suffix(".sync.schedule.json"))]
+    for variant, path in again.items():
+        common += [f"--again-{'sync-' if variant in SYNC_VARIANTS else ''}schedule", str(path)]
     common += ["--batch", str(args.batch), "--blocks", str(args.blocks), "--steps", str(args.steps)]
     if args.horovod_env:
         common += ["--horovod-env", args.horovod_env]
     runtime = ["online", "pace", *(["pace-serial"] if args.compare_serial else []), "pace-sync"]
+    runtime += list(again)
     # One launch trains every variant, blocks alternating, so the ratios are taken under the
     # same load of the shared machine. `local` (no communication) is the launch's compute and
     # calibrates the `calibrated` predictions. With Horovod, vanilla and its `local@vanilla`
@@ -1098,6 +1162,40 @@ def slower_rank(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, list[fl
         if len({len(s) for s in series}) != 1:
             raise ValueError(f"the ranks timed different numbers of `{k}` periods")
         out[k] = [max(p) for p in zip(*series, strict=True)]
+    return out
+
+
+def read_unit_logs(path: Path, ranks: int = RANKS) -> list[list[Any]] | None:
+    """Every rank's ``UnitLog`` of one variant (``{path}.rank{r}``); None where the variant
+    logged no units (rank 0 wrote none)."""
+    if not Path(f"{path}.rank0").exists():
+        return None
+    return [json.loads(Path(f"{path}.rank{r}").read_text()) for r in range(ranks)]
+
+
+def merged_units(per_rank: Sequence[Sequence[Sequence[float]]]) -> list[tuple[int, float]]:
+    """Each unit's ``(bytes, us)``: how long the job held the channel for it, from when the
+    last rank could start it (its issue there, or its previous unit's end there) to when the
+    last rank saw it done.
+
+    A rank's own log times a unit from that rank's issue, so where another rank issues it
+    later it also holds the wait for that rank. The simulator replays one rank with the
+    slower rank's compute (``slower_rank``), so that wait is not the channel's. Measured at 1
+    and 2 Gbit/s, both backends (the same schedules, both ranks' logs): rank 0's own log was
+    longer per unit than this by 2.0-2.5 ms (Horovod) and 1.3-1.6 ms (torch) for the replay's
+    units, 4.2-6.3 and 2.9-3.5 ms for the sync mode's (the last of them wait for the other
+    rank's backward to end), and 0.5-0.9 ms for the online mode's. Which rank issues later
+    changes from unit to unit (the median difference of the ranks' starts was within 0.3 ms)."""
+    if len({len(units) for units in per_rank}) != 1:
+        raise ValueError("the ranks logged different numbers of units")
+    out: list[tuple[int, float]] = []
+    for units in zip(*per_rank, strict=True):
+        sizes = {int(u[0]) for u in units}
+        if len(sizes) != 1:
+            raise ValueError(f"the ranks logged one unit with different sizes: {sorted(sizes)}")
+        start_s = max(done_s - us / 1e6 for _, us, done_s in units)
+        end_s = max(done_s for _, _, done_s in units)
+        out.append((sizes.pop(), (end_s - start_s) * 1e6))
     return out
 
 
@@ -1203,13 +1301,38 @@ def calibrate_handoff(
 def repeat_ms(cal: Calibration, schedules: dict[str, Any]) -> dict[str, float]:
     """Per variant, the calibration launch's median period (ms) where the timed launch ran the
     same program: every variant it trained, except a runtime mode whose schedule (in
-    ``schedules``, by variant) was compiled again to other units."""
-    trained = dict(zip(("pace", "pace-sync"), cal.schedules or (None, None), strict=True))
-    return {
+    ``schedules``, by variant) was compiled again to other units; and the variants that train
+    the calibration's schedules again (`pace@cal`, ``again_schedules``)."""
+    trained = dict(zip(COMPILED_MODES, cal.schedules or (None, None), strict=True))
+    out = {
         v: statistics.median(p) * 1e3
         for v, p in cal.periods.items()
         if v not in schedules or _program(trained[v]) == _program(schedules[v])
     }
+    # The calibration's own schedules, wherever the timed launch trains them again.
+    return out | {
+        f"{v}{AGAIN}": statistics.median(cal.periods[v]) * 1e3
+        for v in COMPILED_MODES
+        if v in cal.periods and trained[v] is not None
+    }
+
+
+def again_schedules(cal: Calibration, compiled: dict[str, Any]) -> dict[str, Any]:
+    """The calibration launch's schedules that the compiler then compiled to other units
+    (``compiled``, by mode), by the variant that trains them again (`pace@cal`, ...): the
+    timed launch trains them too, so a compiled mode has a repeat as well (``repeat_ms``)."""
+    trained = dict(zip(COMPILED_MODES, cal.schedules or (None, None), strict=True))
+    return {
+        f"{v}{AGAIN}": trained[v]
+        for v in COMPILED_MODES
+        if trained[v] is not None and _program(trained[v]) != _program(compiled[v])
+    }
+
+
+def as_again(by_mode: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
+    """``by_mode``'s results of the compiled modes, under the names of the variants in
+    ``again`` that trained the calibration's schedules again."""
+    return {f"{v}{AGAIN}": by_mode[v] for v in COMPILED_MODES if f"{v}{AGAIN}" in again}
 
 
 def _program(schedule: Any) -> Any:
@@ -1332,10 +1455,11 @@ def fit_vanilla_channel(
 
 def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -> Any:
     """``term`` with the runtime's channel time beside compute: each unit's channel time
-    beyond the cost model, fitted as ``c0 + c1 * bytes`` over the replay's and the online
-    mode's units, expressed as the term's per-call delay and stretch (a call beside compute
-    takes ``(1 + stretch) * cost + comm_us_per_call``, so ``stretch = c1 / beta`` and
-    ``comm_us_per_call = c0 - stretch * alpha``)."""
+    (every rank's log lined up, ``merged_units``) beyond the cost model, fitted as ``c0 +
+    c1 * bytes`` over the replay's and the online mode's units, expressed as the term's
+    per-call delay and stretch (a call beside compute takes ``(1 + stretch) * cost +
+    comm_us_per_call``, so ``stretch = c1 / beta`` and ``comm_us_per_call = c0 - stretch *
+    alpha``)."""
     import numpy as np
     from scipy.optimize import nnls
 
@@ -1343,7 +1467,11 @@ def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -
     # the fit put a 20 ms delay on every call, which the online mode's many small ones then
     # did not pay (predicted +35%).
     # Each mode's units read once: the fit takes HANDOFF_VARIANTS', the report every mode's.
-    units = {v: _units_beyond_cost(Path(f"{out}.{v}.units"), comm) for v in RUNTIME_MODES_LOGGED}
+    logs = {v: read_unit_logs(Path(f"{out}.{v}.units")) for v in RUNTIME_MODES_LOGGED}
+    if missing := [v for v, log in logs.items() if log is None]:
+        raise ValueError(f"{out}: no unit logs of {', '.join(missing)}")
+    per_rank = {v: log for v, log in logs.items() if log is not None}
+    units = {v: _units_beyond_cost(merged_units(log), comm) for v, log in per_rank.items()}
     done = [u for v in HANDOFF_VARIANTS for u in units[v][0]]
     extra_us = [e for v in HANDOFF_VARIANTS for e in units[v][1]]
     size = np.array([b for b, _ in done], dtype=float)
@@ -1365,9 +1493,11 @@ def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -
         if d:
             mib = statistics.fmean(b for b, _ in d) / 2**20
             fit_ms = (c0 + c1_scaled / scale * mib * 2**20) / 1e3
+            own = _units_beyond_cost([(b, us) for b, us, _ in per_rank[variant][0]], comm)
             _say(
                 f"      {variant}: {mib:.2f} MiB per unit, beyond the cost model "
-                f"{statistics.fmean(e) / 1e3:.2f} ms per unit, the fit {fit_ms:.2f} ms"
+                f"{statistics.fmean(e) / 1e3:.2f} ms per unit (in rank 0's own log "
+                f"{statistics.fmean(own[1]) / 1e3:.2f} ms), the fit {fit_ms:.2f} ms"
             )
     return dataclasses.replace(term, comm_us_per_call=per_call, comm_stretch=stretch)
 
@@ -1434,25 +1564,27 @@ def fit_compute_loss(
     return with_loss(best.x)
 
 
-def _units_beyond_cost(path: Path, comm: Any) -> tuple[list[Any], list[float]]:
-    """A ``UnitLog`` file's ``(bytes, us)`` per unit, and each one's time beyond the model."""
-    done = json.loads(path.read_text())
+def _units_beyond_cost(
+    done: list[tuple[int, float]], comm: Any
+) -> tuple[list[tuple[int, float]], list[float]]:
+    """Units' ``(bytes, us)``, and each one's time beyond the model."""
     return done, [us - comm.cost_us(b) for b, us in done]
 
 
 def _channel_per_iteration_ms(path: Path, iterations: int) -> float | None:
-    """A runtime variant's units' channel time per measured iteration (its unit log)."""
-    if not path.exists():
+    """A runtime variant's units' channel time per measured iteration (its units' logs)."""
+    logs = read_unit_logs(path)
+    if logs is None:
         return None
-    done = json.loads(path.read_text())
-    return float(sum(us for _, us in done)) / 1e3 / iterations
+    return float(sum(us for _, us in merged_units(logs))) / 1e3 / iterations
 
 
 def _report_units(path: Path, comm: Any, schedule: Any) -> None:
     """What the runtime's units held the channel for, against the cost model."""
-    if not path.exists():
+    logs = read_unit_logs(path)
+    if logs is None:
         return
-    done, extra = _units_beyond_cost(path, comm)
+    done, extra = _units_beyond_cost(merged_units(logs), comm)
     per_iter = len(schedule.units)
     _say(
         f"    pace units: {len(done)} ({per_iter} per iteration); channel time minus the model's "
@@ -1524,6 +1656,25 @@ def _print_rows(rows: Sequence[Row], *, markdown: bool = False) -> None:
         cells += [_ms(r.independent_ms), _pct(r.independent_ms, r.measured_ms)]
         lines.append(cells)
     _print_table(head, lines, markdown=markdown)
+    ours = [r for r in rows if not r.variant.endswith(AGAIN)]
+    print("; ".join(_error_summary(ours)) + " (rows other than local)")
+    if again := [r for r in rows if r.variant.endswith(AGAIN)]:
+        print(
+            "the calibration's schedules trained again (not counted above): "
+            + "; ".join(_error_summary(again))
+        )
+    agree, against, close = ranking_agreement(ours)
+    print(
+        f"ranking: of {len(agree) + len(against)} pairs of variants (same rate and backend) "
+        "measured further apart than half the larger IQR, the prediction orders "
+        f"{len(agree)} the same way"
+        + (f" and these the other way: {', '.join(against)}" if against else "")
+        + f"; {close} pairs within the spread"
+    )
+
+
+def _error_summary(rows: Sequence[Row]) -> list[str]:
+    """Per kind of prediction (and the repeat), its errors over ``rows`` other than `local`."""
     summary = []
     for name in ("predicted", "calibrated", "repeat", "independent"):
         scored = [
@@ -1540,15 +1691,7 @@ def _print_rows(rows: Sequence[Row], *, markdown: bool = False) -> None:
                 f"{statistics.median(errs):.1%}, {within} of {len(errs)} within 5%, "
                 f"{noise} within 5% or the median's 95% CI"
             )
-    print("; ".join(summary) + " (rows other than local)")
-    agree, against, close = ranking_agreement(rows)
-    print(
-        f"ranking: of {len(agree) + len(against)} pairs of variants (same rate and backend) "
-        "measured further apart than half the larger IQR, the prediction orders "
-        f"{len(agree)} the same way"
-        + (f" and these the other way: {', '.join(against)}" if against else "")
-        + f"; {close} pairs within the spread"
-    )
+    return summary
 
 
 def ranking_agreement(rows: Sequence[Row]) -> tuple[list[str], list[str], int]:
@@ -1639,6 +1782,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--calls", help=argparse.SUPPRESS)
     ap.add_argument("--schedule", help=argparse.SUPPRESS)
     ap.add_argument("--sync-schedule", help=argparse.SUPPRESS)
+    ap.add_argument("--again-schedule", help=argparse.SUPPRESS)
+    ap.add_argument("--again-sync-schedule", help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="horovod", help=argparse.SUPPRESS)
     ap.add_argument("--rates", default="500mbit,1gbit,2gbit", help="tc rates, comma-separated")
     ap.add_argument("--backends", default="horovod,torch", help="horovod and/or torch")
@@ -1713,9 +1858,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _print_goal(rows, markdown=args.markdown)
     print()
     print(
-        "the runtime's units: channel time per iteration (from a unit's start on the channel, "
-        "its issue or the last completion, to its completion), measured and predicted, and the "
-        "misses (measured - predicted) of the channel time and of the period"
+        "the runtime's units: channel time per iteration (from when the last rank could start "
+        "a unit, its issue there or its last completion, to when the last rank saw it done), "
+        "measured and predicted, and the misses (measured - predicted) of the channel time and "
+        "of the period"
     )
     _print_channel(rows, markdown=args.markdown)
     return 0

@@ -305,16 +305,81 @@ def test_the_repeat_is_the_calibration_launchs_median_of_the_same_program(
     periods["local"] = [0.3, 0.3]
     cal = bench_netns.Calibration(bench_netns.AsRun(), periods, schedules=(schedule, sync))
     same = bench_netns.repeat_ms(cal, {"pace": schedule, "pace-sync": sync})
+    # The calibration's schedules trained again (`pace@cal`) repeat its own medians.
+    again = {"pace@cal": 500.0, "pace-sync@cal": 700.0}
     assert same == pytest.approx(
-        {"pace": 500.0, "pace-sync": 700.0, "vanilla": 900.0, "local": 300.0}
+        {"pace": 500.0, "pace-sync": 700.0, "vanilla": 900.0, "local": 300.0} | again
     )
     # Compiled again to other units, the timed launch ran another program: no repeat for it.
     assert set(bench_netns.repeat_ms(cal, {"pace": sync, "pace-sync": sync})) == {
         "pace-sync",
         "vanilla",
         "local",
+        *again,
+    }
+    # ... and the calibration's schedule is trained again, under its own name.
+    assert bench_netns.again_schedules(cal, {"pace": sync, "pace-sync": sync}) == {
+        "pace@cal": schedule
+    }
+    assert bench_netns.again_schedules(cal, {"pace": schedule, "pace-sync": sync}) == {}
+    assert bench_netns.as_again({"pace": 1.0, "pace-sync": 2.0, "online": 3.0}, again) == {
+        "pace@cal": 1.0,
+        "pace-sync@cal": 2.0,
     }
     # Its priorities renumbered in the same order, it is the same program.
     units = tuple(dataclasses.replace(u, priority=2.0 * u.priority + 1.0) for u in schedule.units)  # type: ignore[attr-defined]
     renumbered = dataclasses.replace(schedule, units=units)  # type: ignore[type-var]
     assert "pace" in bench_netns.repeat_ms(cal, {"pace": renumbered, "pace-sync": sync})
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), n=st.integers(1, 12), ranks=st.integers(2, 4))
+def test_a_units_channel_time_starts_when_the_last_rank_could_start_it(
+    data: st.DataObject, n: int, ranks: int
+) -> None:
+    # Per unit: when the channel could start it on each rank (its issue there), how long it
+    # then holds the channel, and how late each rank sees it done (its completion thread).
+    ms = st.floats(0.0, 50.0)
+    sizes = data.draw(st.lists(st.integers(1, 2**26), min_size=n, max_size=n))
+    channel_s = [data.draw(st.floats(1e-4, 0.2)) for _ in range(n)]
+    per_rank: list[list[tuple[int, float, float]]] = [[] for _ in range(ranks)]
+    at_s = 1000.0
+    for size, hold_s in zip(sizes, channel_s, strict=True):
+        starts = [at_s + data.draw(ms) / 1e3 for _ in range(ranks)]
+        end_s = max(starts) + hold_s
+        for r in range(ranks):
+            seen_s = end_s + (data.draw(ms) / 1e3 if r else 0.0)
+            per_rank[r].append((size, (seen_s - starts[r]) * 1e6, seen_s))
+        at_s = end_s + 0.01
+    merged = bench_netns.merged_units(per_rank)
+    assert [b for b, _ in merged] == sizes
+    last_seen_s = [max(per_rank[r][i][2] for r in range(ranks)) for i in range(n)]
+    for i, (_, us) in enumerate(merged):
+        # The channel's own time, plus how much later than rank 0 the last rank saw it done.
+        assert us == pytest.approx((channel_s[i] + last_seen_s[i] - per_rank[0][i][2]) * 1e6)
+        # Never more than the own log of the rank that saw it done last.
+        last = max(range(ranks), key=lambda r: per_rank[r][i][2])
+        assert us <= per_rank[last][i][1] + 1e-3
+    # Where every rank starts and finishes each unit together, it is each rank's own log.
+    same = [per_rank[0]] * ranks
+    alone = bench_netns.merged_units(same)
+    assert [b for b, _ in alone] == sizes
+    assert [us for _, us in alone] == pytest.approx([us for _, us, _ in per_rank[0]])
+
+
+def test_unit_logs_that_do_not_line_up_are_refused(tmp_path: Path) -> None:
+    import json
+
+    with pytest.raises(ValueError, match="different numbers of units"):
+        bench_netns.merged_units([[(8, 10.0, 1.0)], []])
+    with pytest.raises(ValueError, match="different sizes"):
+        bench_netns.merged_units([[(8, 10.0, 1.0)], [(16, 10.0, 1.0)]])
+    # Read from every rank's file; a variant that logged none has no units.
+    out = tmp_path / "train.json.pace.units"
+    assert bench_netns.read_unit_logs(out) is None
+    logs = [[[8, 3000.0, 2.0]], [[8, 1000.0, 2.0]]]  # rank 1 issued 2 ms after rank 0
+    for r, log in enumerate(logs):
+        Path(f"{out}.rank{r}").write_text(json.dumps(log))
+    assert bench_netns.read_unit_logs(out) == logs
+    ((size, us),) = bench_netns.merged_units(logs)
+    assert (size, us) == (8, pytest.approx(1000.0))

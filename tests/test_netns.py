@@ -107,6 +107,14 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
     launched = bench_netns.read_launch(out)
     assert launched["pace"] == periods["pace"]
     assert all(a >= b for a, b in zip(launched["local"], periods["local"], strict=True))
+    # Every rank logged the runtime's units; lined up, they give each unit's channel time.
+    for variant in ("online", "pace"):
+        logs = bench_netns.read_unit_logs(Path(f"{out}.{variant}.units"))
+        assert logs is not None
+        assert len(logs) == 2
+        merged = bench_netns.merged_units(logs)
+        assert merged
+        assert all(us > 0 for _, us in merged)
     if backend == "horovod":
         # One launch: vanilla's blocks re-initialised Horovod with its defaults, the others
         # with the runtime's fusion and cache off.
