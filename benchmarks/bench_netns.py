@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -73,7 +74,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -981,65 +982,46 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     again_paths = {v: tmp / f"{rate}-{backend}.{v}.schedule.json" for v in again}
                     for v, schedule in again.items():
                         save_schedule(schedule, again_paths[v])
+                    programs = ((result.schedule, sync), cal, again)
                     if args.keep:  # the trace the schedule was compiled from, and the schedule
                         keep = Path(args.keep)
                         keep.mkdir(parents=True, exist_ok=True)
                         save_trace(compiled, keep / f"{rate}-{backend}.trace.json.gz")
                         shutil.copy(sched_path, keep / sched_path.name)
                     if job_local_ms:  # every prediction from the calibration run's compute
-                        sims = simulate_in_job(
-                            trace,
-                            result.schedule,
-                            sync,
-                            backend,
-                            as_run=as_run,
-                            local_ms=job_local_ms,
+                        sims = of_programs(
+                            functools.partial(
+                                simulate_in_job,
+                                trace,
+                                backend=backend,
+                                as_run=as_run,
+                                local_ms=job_local_ms,
+                            ),
+                            *programs,
                         )
                         sims |= {k: (ms, 0.0) for k, ms in job_local_ms.items()}
-                        if cal is not None and cal.schedules is not None:
-                            sims |= as_again(
-                                simulate_in_job(
-                                    trace,
-                                    *cal.schedules,
-                                    backend,
-                                    as_run=as_run,
-                                    local_ms=job_local_ms,
-                                ),
-                                again,
-                            )
                     else:
                         sims = simulate_variants(
                             trace, result.schedule, sync, backend, as_run=as_run
                         )
                     pred = {k: it for k, (it, _) in sims.items()}
                     bound_ms = result.lower_bound_us / 1e3
-                    independent = predictions_ms(trace, result.schedule, sync, backend)
-                    if cal is not None and cal.schedules is not None:
-                        independent |= as_again(
-                            predictions_ms(trace, *cal.schedules, backend), again
-                        )
+                    independent = of_programs(
+                        functools.partial(predictions_ms, trace, backend=backend), *programs
+                    )
                     measured = _train(link, backend, sched_path, tmp, args, again=again_paths)
                     ratio = statistics.median(measured["local"]) * 1e3 / independent["local"]
                     _say(f"    compute in the run / in the profile: {ratio:.3f}")
-                    calibrated = launch_calibrated_ms(
-                        trace,
-                        result.schedule,
-                        sync,
-                        backend,
-                        as_run=as_run,
-                        measured=measured,
+                    calibrated = of_programs(
+                        functools.partial(
+                            launch_calibrated_ms,
+                            trace,
+                            backend=backend,
+                            as_run=as_run,
+                            measured=measured,
+                        ),
+                        *programs,
                     )
-                    if cal is not None and cal.schedules is not None:
-                        calibrated |= as_again(
-                            launch_calibrated_ms(
-                                trace,
-                                *cal.schedules,
-                                backend,
-                                as_run=as_run,
-                                measured=measured,
-                            ),
-                            again,
-                        )
                     _report_units(tmp / f"train-{backend}.json.pace.units", comm, result.schedule)
                     iterations = args.blocks * (args.steps + 1)
                     repeat = (
@@ -1333,6 +1315,20 @@ def as_again(by_mode: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
     """``by_mode``'s results of the compiled modes, under the names of the variants in
     ``again`` that trained the calibration's schedules again."""
     return {f"{v}{AGAIN}": by_mode[v] for v in COMPILED_MODES if f"{v}{AGAIN}" in again}
+
+
+def of_programs(
+    fn: Callable[[Any, Any], dict[str, Any]],
+    schedules: tuple[Any, Any],
+    cal: Calibration | None,
+    again: dict[str, Any],
+) -> dict[str, Any]:
+    """``fn``'s results (by variant) of ``schedules`` (the replay's and the sync mode's), and
+    of the calibration's under the names of the variants in ``again`` that train them again."""
+    out = fn(*schedules)
+    if again and cal is not None and cal.schedules is not None:
+        out |= as_again(fn(*cal.schedules), again)
+    return out
 
 
 def _program(schedule: Any) -> Any:

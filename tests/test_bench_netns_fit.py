@@ -326,6 +326,15 @@ def test_the_repeat_is_the_calibration_launchs_median_of_the_same_program(
         "pace@cal": 1.0,
         "pace-sync@cal": 2.0,
     }
+
+    # A prediction of both programs: the compiled schedules' under their own names, the
+    # calibration's under the names that train them again.
+    def fn(first: object, second: object) -> dict[str, object]:
+        return {"pace": first, "pace-sync": second, "vanilla": None}
+
+    both = bench_netns.of_programs(fn, (sync, sync), cal, {"pace@cal": schedule})
+    assert both == {"pace": sync, "pace-sync": sync, "vanilla": None, "pace@cal": schedule}
+    assert bench_netns.of_programs(fn, (sync, sync), cal, {}) == fn(sync, sync)
     # Its priorities renumbered in the same order, it is the same program.
     units = tuple(dataclasses.replace(u, priority=2.0 * u.priority + 1.0) for u in schedule.units)  # type: ignore[attr-defined]
     renumbered = dataclasses.replace(schedule, units=units)  # type: ignore[type-var]
