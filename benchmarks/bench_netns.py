@@ -1162,12 +1162,12 @@ def merged_units(per_rank: Sequence[Sequence[Sequence[float]]]) -> list[tuple[in
 
     A rank's own log times a unit from that rank's issue, so where another rank issues it
     later it also holds the wait for that rank. The simulator replays one rank with the
-    slower rank's compute (``slower_rank``), so that wait is not the channel's. Measured at 1
-    and 2 Gbit/s, both backends (the same schedules, both ranks' logs): rank 0's own log was
-    longer per unit than this by 2.0-2.5 ms (Horovod) and 1.3-1.6 ms (torch) for the replay's
-    units, 4.2-6.3 and 2.9-3.5 ms for the sync mode's (the last of them wait for the other
-    rank's backward to end), and 0.5-0.9 ms for the online mode's. Which rank issues later
-    changes from unit to unit (the median difference of the ranks' starts was within 0.3 ms)."""
+    slower rank's compute (``slower_rank``), so that wait is not the channel's. In the
+    calibration launches of one full run (commit 9b66406), rank 0's own log was longer than
+    this per unit: with Horovod by 6.1-12.5 ms for the sync mode's units (its last units are
+    issued as backward ends, which the two ranks reach at different times) and 2.0-5.4 ms
+    for the replay's; with torch by 0.5-5.1 ms for both; and within 0.03 ms for the online
+    mode's (its pieces go once every rank has said it is ready)."""
     if len({len(units) for units in per_rank}) != 1:
         raise ValueError("the ranks logged different numbers of units")
     out: list[tuple[int, float]] = []
