@@ -540,7 +540,7 @@ def worker_train(args: argparse.Namespace) -> None:
     # Every rank's periods: where the ranks synchronise, an iteration waits for the slower
     # one (``slower_rank``).
     Path(f"{args.out}.rank{rank}").write_text(json.dumps(periods))
-    for kind, log in unit_logs.items():  # what each unit held the channel for (read_units)
+    for kind, log in unit_logs.items():  # what each unit held the channel for (merged_units)
         Path(f"{args.out}.{kind}.units.rank{rank}").write_text(json.dumps(log.done))
     if rank == 0:
         Path(args.out).write_text(json.dumps(periods))
