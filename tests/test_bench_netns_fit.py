@@ -392,3 +392,18 @@ def test_unit_logs_that_do_not_line_up_are_refused(tmp_path: Path) -> None:
     assert bench_netns.read_unit_logs(out) == logs
     ((size, us),) = bench_netns.merged_units(logs)
     assert (size, us) == (8, pytest.approx(1000.0))
+
+
+def test_the_runtimes_replay_is_predicted_as_the_runtime_issues_its_units() -> None:
+    from pace.sim import schedule_policy, simulate
+    from tests.test_issue_order import late_first
+
+    # The unit listed first is ready late: the contract's replay (the ready unit with the
+    # smallest priority) sends the other one first, the runtime (strictly in priority
+    # order) waits for it. The prediction of the runtime's modes is the runtime's.
+    trace, schedule = late_first()
+    strict = simulate(trace, schedule_policy(schedule, in_order=True)).iteration_us / 1e3
+    contract = simulate(trace, schedule_policy(schedule)).iteration_us / 1e3
+    assert strict > contract
+    predicted = bench_netns.simulate_variants(trace, schedule, schedule, "torch")["pace"][0]
+    assert predicted == pytest.approx(strict)

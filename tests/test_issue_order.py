@@ -19,15 +19,13 @@ from pace.digest import trace_digest
 from pace.io import save_schedule, save_trace
 from pace.ir import CommModel, Interference, Op, Schedule, Slice, Tensor, Trace, Unit
 from pace.sim import schedule_policy, simulate
-from pace.sim.core import Decision, Policy
+from pace.sim.core import Policy
 from tests.strategies import traces
 
 
 def strictly_in_order(schedule: Schedule) -> Policy:
     """The runtime's dispatcher: units in priority order, each once it is ready."""
-    return Policy(
-        name="strict", build=lambda prep, opts: Decision(units=schedule.units, in_order=True)
-    )
+    return schedule_policy(schedule, name="strict", in_order=True)
 
 
 def late_first() -> tuple[Trace, Schedule]:
@@ -148,3 +146,33 @@ def test_validate_warns_about_a_schedule_out_of_runtime_order(
         out = capsys.readouterr()
         assert json.loads(out.out)["in_runtime_order"] is (name == "good")
         assert ("strictly in priority order" in out.err) is (name == "bad")
+
+
+@settings(max_examples=40, deadline=None)
+@given(trace=traces(max_layers=8), seed=st.randoms(use_true_random=False))
+def test_the_runtimes_replay_starts_units_in_priority_order(trace: Trace, seed: Any) -> None:
+    """``schedule_policy(..., in_order=True)``: whatever the priorities, no unit starts before
+    one with a smaller priority, as the runtime issues them; the contract's replay may."""
+    sched = compile_trace(trace, baselines=False).schedule
+    prios = [float(p) for p in range(len(sched.units))]
+    seed.shuffle(prios)
+    shuffled = dataclasses.replace(
+        sched,
+        units=tuple(
+            dataclasses.replace(u, priority=p) for u, p in zip(sched.units, prios, strict=True)
+        ),
+    )
+    strict = simulate(trace, schedule_policy(shuffled, in_order=True))
+    by_priority = sorted(range(len(shuffled.units)), key=lambda u: shuffled.units[u].priority)
+    starts = [strict.unit_start_us[u] for u in by_priority]
+    assert starts == sorted(starts)
+
+
+def test_the_runtimes_replay_waits_for_a_late_first_unit() -> None:
+    trace, sched = late_first()
+    strict = simulate(trace, schedule_policy(sched, in_order=True))
+    contract = simulate(trace, schedule_policy(sched))
+    # w1 (priority 0) is ready at 100 us: the runtime sends w2 only after it; the contract
+    # sends w2 at 10 us.
+    assert contract.unit_start_us == pytest.approx((100.0, 10.0))
+    assert strict.unit_start_us == pytest.approx((100.0, 110.0))

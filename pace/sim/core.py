@@ -163,19 +163,28 @@ class Policy:
     description: str = ""
 
 
-def units_policy(units: Sequence[Unit], *, name: str = "units") -> Policy:
-    """Replay exactly ``units`` (priorities as given) under the contract's semantics."""
+def units_policy(units: Sequence[Unit], *, name: str = "units", in_order: bool = False) -> Policy:
+    """Replay exactly ``units`` (priorities as given) under the contract's semantics, or with
+    ``in_order`` strictly in priority order (a unit ready before an earlier one waits)."""
     fixed = tuple(units)
 
     def build(prep: TraceAnalysis, options: SimOptions) -> Decision:
-        return Decision(units=fixed)
+        return Decision(units=fixed, in_order=in_order)
 
     return Policy(name=name, build=build, description="replay of a fixed unit list")
 
 
-def schedule_policy(schedule: Schedule, *, name: str = "schedule") -> Policy:
-    """Replay a compiled pace :class:`~pace.ir.Schedule` (its units, in file order)."""
-    return units_policy(schedule.units, name=name)
+def schedule_policy(
+    schedule: Schedule, *, name: str = "schedule", in_order: bool = False
+) -> Policy:
+    """Replay a compiled pace :class:`~pace.ir.Schedule` (its units, in file order).
+
+    ``in_order``: as the runtime issues them, strictly in priority order, each once its
+    gradients are ready (docs/schedule-format.md, "Priorities as the runtime reads them"). A
+    schedule numbered in its own replay's start order (``pace.compiler.in_issue_order``)
+    replays the same either way on the trace it was compiled for; on other timings (another
+    machine's compute, a refitted cost model) the two can differ, and this is the runtime's."""
+    return units_policy(schedule.units, name=name, in_order=in_order)
 
 
 class _Lazy:
