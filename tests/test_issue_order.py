@@ -55,6 +55,16 @@ def late_first() -> tuple[Trace, Schedule]:
     return trace, sched
 
 
+def _shuffled(sched: Schedule, seed: Any) -> Schedule:
+    """``sched`` with its priorities 0, 1, ... in a random order."""
+    prios = [float(p) for p in range(len(sched.units))]
+    seed.shuffle(prios)
+    units = tuple(
+        dataclasses.replace(u, priority=p) for u, p in zip(sched.units, prios, strict=True)
+    )
+    return dataclasses.replace(sched, units=units)
+
+
 def _whole(trace: Trace, name: str) -> Slice:
     size = next(t.size_bytes for t in trace.tensors if t.name == name)
     return Slice(tensor=name, offset_bytes=0, size_bytes=size)
@@ -110,14 +120,7 @@ def test_issue_order_problem_iff_strict_issue_is_not_the_replay(trace: Trace, se
     """Whatever the priorities: no problem reported means the strict issuer replays the same
     iteration; renumbering always clears the report."""
     sched = compile_trace(trace, baselines=False).schedule
-    prios = [float(p) for p in range(len(sched.units))]
-    seed.shuffle(prios)
-    shuffled = dataclasses.replace(
-        sched,
-        units=tuple(
-            dataclasses.replace(u, priority=p) for u, p in zip(sched.units, prios, strict=True)
-        ),
-    )
+    shuffled = _shuffled(sched, seed)
     replay = simulate(trace, schedule_policy(shuffled))
     if issue_order_problem(shuffled, replay.unit_start_us) is None:
         strict = simulate(trace, strictly_in_order(shuffled))
@@ -154,14 +157,7 @@ def test_the_runtimes_replay_starts_units_in_priority_order(trace: Trace, seed: 
     """``schedule_policy(..., in_order=True)``: whatever the priorities, no unit starts before
     one with a smaller priority, as the runtime issues them; the contract's replay may."""
     sched = compile_trace(trace, baselines=False).schedule
-    prios = [float(p) for p in range(len(sched.units))]
-    seed.shuffle(prios)
-    shuffled = dataclasses.replace(
-        sched,
-        units=tuple(
-            dataclasses.replace(u, priority=p) for u, p in zip(sched.units, prios, strict=True)
-        ),
-    )
+    shuffled = _shuffled(sched, seed)
     strict = simulate(trace, schedule_policy(shuffled, in_order=True))
     by_priority = sorted(range(len(shuffled.units)), key=lambda u: shuffled.units[u].priority)
     starts = [strict.unit_start_us[u] for u in by_priority]
