@@ -1473,9 +1473,10 @@ def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -
     if missing := [v for v, log in logs.items() if log is None]:
         raise ValueError(f"{out}: no unit logs of {', '.join(missing)}")
     per_rank = {v: log for v, log in logs.items() if log is not None}
-    units = {v: _units_beyond_cost(merged_units(log), comm) for v, log in per_rank.items()}
-    done = [u for v in HANDOFF_VARIANTS for u in units[v][0]]
-    extra_us = [e for v in HANDOFF_VARIANTS for e in units[v][1]]
+    units = {v: merged_units(log) for v, log in per_rank.items()}
+    extras = {v: _beyond_cost_us(d, comm) for v, d in units.items()}
+    done = [u for v in HANDOFF_VARIANTS for u in units[v]]
+    extra_us = [e for v in HANDOFF_VARIANTS for e in extras[v]]
     size = np.array([b for b, _ in done], dtype=float)
     scale = float(size.max())
     (c0, c1_scaled), _ = nnls(np.column_stack([np.ones_like(size), size / scale]), extra_us)
@@ -1491,15 +1492,16 @@ def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -
     )
     # Per variant, the fit against its own units; the sync mode's are not fitted (see
     # HANDOFF_VARIANTS), and this says how far its units are from the fit.
-    for variant, (d, e) in units.items():
+    for variant, d in units.items():
         if d:
+            e = extras[variant]
             mib = statistics.fmean(b for b, _ in d) / 2**20
             fit_ms = (c0 + c1_scaled / scale * mib * 2**20) / 1e3
-            own = _units_beyond_cost([(b, us) for b, us, _ in per_rank[variant][0]], comm)
+            own = _beyond_cost_us([(b, us) for b, us, _ in per_rank[variant][0]], comm)
             _say(
                 f"      {variant}: {mib:.2f} MiB per unit, beyond the cost model "
                 f"{statistics.fmean(e) / 1e3:.2f} ms per unit (in rank 0's own log "
-                f"{statistics.fmean(own[1]) / 1e3:.2f} ms), the fit {fit_ms:.2f} ms"
+                f"{statistics.fmean(own) / 1e3:.2f} ms), the fit {fit_ms:.2f} ms"
             )
     return dataclasses.replace(term, comm_us_per_call=per_call, comm_stretch=stretch)
 
@@ -1566,11 +1568,9 @@ def fit_compute_loss(
     return with_loss(best.x)
 
 
-def _units_beyond_cost(
-    done: list[tuple[int, float]], comm: Any
-) -> tuple[list[tuple[int, float]], list[float]]:
-    """Units' ``(bytes, us)``, and each one's time beyond the model."""
-    return done, [us - comm.cost_us(b) for b, us in done]
+def _beyond_cost_us(done: Sequence[tuple[int, float]], comm: Any) -> list[float]:
+    """Each unit's time (``(bytes, us)``) beyond the cost model."""
+    return [us - comm.cost_us(b) for b, us in done]
 
 
 def _channel_per_iteration_ms(path: Path, iterations: int) -> float | None:
@@ -1586,7 +1586,8 @@ def _report_units(path: Path, comm: Any, schedule: Any) -> None:
     logs = read_unit_logs(path)
     if logs is None:
         return
-    done, extra = _units_beyond_cost(merged_units(logs), comm)
+    done = merged_units(logs)
+    extra = _beyond_cost_us(done, comm)
     per_iter = len(schedule.units)
     _say(
         f"    pace units: {len(done)} ({per_iter} per iteration); channel time minus the model's "
