@@ -22,6 +22,7 @@ point of ``SwitchProtocol`` plus its lag — exactly when the multi-rank protoco
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 import statistics
@@ -366,7 +367,8 @@ def run_scenario(
             _Adaptive(
                 name=name,
                 plan=base_schedule,
-                policy_of=schedule_policy,
+                # The world replays the plan as the runtime issues it: strictly in order.
+                policy_of=functools.partial(schedule_policy, in_order=True),
                 controller=ctl,
                 opts=opts,
                 recent=recent,

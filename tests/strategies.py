@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
+
 from hypothesis import strategies as st
 
-from pace.ir import Trace
+from pace.ir import Schedule, Trace
 from pace.synth import random_trace
 
 
@@ -30,3 +33,14 @@ def traces(
 def integer_traces(max_layers: int = 8) -> st.SearchStrategy[Trace]:
     """Integer instances: alpha 0, beta 1, integer durations and sizes."""
     return traces(max_layers=max_layers, integer=True)
+
+
+def shuffled_priorities(sched: Schedule, rnd: random.Random) -> Schedule:
+    """``sched`` with its priorities 0, 1, ... in a random order (``st.randoms()`` draws
+    ``rnd``): a schedule whose priorities are not its replay's start order."""
+    prios = [float(p) for p in range(len(sched.units))]
+    rnd.shuffle(prios)
+    units = tuple(
+        dataclasses.replace(u, priority=p) for u, p in zip(sched.units, prios, strict=True)
+    )
+    return dataclasses.replace(sched, units=units)

@@ -25,7 +25,7 @@ from pace.drift.monitor import Monitor
 from pace.errors import InputError
 from pace.ir import Interference, Schedule, Trace
 from pace.synth import random_trace
-from tests.strategies import traces
+from tests.strategies import shuffled_priorities, traces
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "drift-stats.json"
 
@@ -353,12 +353,13 @@ def test_reestimating_the_models_own_units_gives_back_its_link() -> None:
 
 
 def _observe_replay(trace: Trace, sched: Schedule, n: int = 3) -> tuple[ObservedStats, float]:
-    """What the monitor records when the world is exactly the replay of ``sched``: forward
-    compute (time any forward op runs), backward span, each gradient's ready time and units."""
+    """What the monitor records when the world is exactly the runtime's replay of ``sched``
+    (strictly in priority order): forward compute (time any forward op runs), backward span,
+    each gradient's ready time and units."""
     from pace.analysis import analyze
     from pace.sim import covered_us, schedule_policy, simulate
 
-    res = simulate(trace, schedule_policy(sched))
+    res = simulate(trace, schedule_policy(sched, in_order=True))
     an = analyze(trace)
     phases = [o.phase for o in trace.ops]
     fw = covered_us(
@@ -475,3 +476,35 @@ def test_recompile_compares_with_the_running_schedule() -> None:
     assert got.estimate.backward_scale == pytest.approx(1.0, rel=1e-9)
     assert got.current_us == pytest.approx(iteration_us, rel=1e-6)
     assert got.switch is False
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    trace=traces(max_layers=6),
+    per_byte=st.floats(0.0, 5e-3),
+    stretch=st.floats(0.0, 0.5),
+    call_delay=st.floats(0.0, 2000.0),
+    rnd=st.randoms(use_true_random=False),
+)
+def test_a_schedule_out_of_its_start_order_is_judged_as_the_runtime_runs_it(
+    trace: Trace, per_byte: float, stretch: float, call_delay: float, rnd: random.Random
+) -> None:
+    """Drifted timings leave a schedule's priorities out of its replay's start order; shuffled
+    priorities stand for that. Observing the runtime's replay of such a schedule (strictly in
+    priority order) estimates no drift, and ``pace recompile --schedule`` predicts the running
+    schedule at exactly the iteration observed."""
+    from pace.compiler import compile_trace
+    from pace.drift.offline import recompile
+    from pace.drift.replan import predict_schedule
+
+    term = Interference(us_per_byte=per_byte, comm_stretch=stretch, comm_us_per_call=call_delay)
+    trace = dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, interference=term))
+    sched = shuffled_priorities(compile_trace(trace, baselines=False).schedule, rnd)
+    stats, iteration_us = _observe_replay(trace, sched)
+    est = estimate(trace, stats, running=sched)
+    assert est.forward_scale == pytest.approx(1.0, rel=1e-9)
+    assert est.backward_scale == pytest.approx(1.0, rel=1e-9)
+    assert est.beta_us_per_byte == pytest.approx(trace.comm.beta_us_per_byte, rel=1e-6)
+    assert predict_schedule(trace, sched) == pytest.approx(iteration_us, rel=1e-9)
+    got = recompile(trace, stats, current=sched)
+    assert got.current_us == pytest.approx(iteration_us, rel=1e-6)

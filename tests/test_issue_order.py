@@ -20,7 +20,7 @@ from pace.io import save_schedule, save_trace
 from pace.ir import CommModel, Interference, Op, Schedule, Slice, Tensor, Trace, Unit
 from pace.sim import schedule_policy, simulate
 from pace.sim.core import Policy
-from tests.strategies import traces
+from tests.strategies import shuffled_priorities, traces
 
 
 def strictly_in_order(schedule: Schedule) -> Policy:
@@ -53,16 +53,6 @@ def late_first() -> tuple[Trace, Schedule]:
         units=units, predicted_iteration_us=0.0, trace_digest="", cost_model=trace.comm
     )
     return trace, sched
-
-
-def _shuffled(sched: Schedule, seed: Any) -> Schedule:
-    """``sched`` with its priorities 0, 1, ... in a random order."""
-    prios = [float(p) for p in range(len(sched.units))]
-    seed.shuffle(prios)
-    units = tuple(
-        dataclasses.replace(u, priority=p) for u, p in zip(sched.units, prios, strict=True)
-    )
-    return dataclasses.replace(sched, units=units)
 
 
 def _whole(trace: Trace, name: str) -> Slice:
@@ -120,7 +110,7 @@ def test_issue_order_problem_iff_strict_issue_is_not_the_replay(trace: Trace, se
     """Whatever the priorities: no problem reported means the strict issuer replays the same
     iteration; renumbering always clears the report."""
     sched = compile_trace(trace, baselines=False).schedule
-    shuffled = _shuffled(sched, seed)
+    shuffled = shuffled_priorities(sched, seed)
     replay = simulate(trace, schedule_policy(shuffled))
     if issue_order_problem(shuffled, replay.unit_start_us) is None:
         strict = simulate(trace, strictly_in_order(shuffled))
@@ -157,7 +147,7 @@ def test_the_runtimes_replay_starts_units_in_priority_order(trace: Trace, seed: 
     """``schedule_policy(..., in_order=True)``: whatever the priorities, no unit starts before
     one with a smaller priority, as the runtime issues them; the contract's replay may."""
     sched = compile_trace(trace, baselines=False).schedule
-    shuffled = _shuffled(sched, seed)
+    shuffled = shuffled_priorities(sched, seed)
     strict = simulate(trace, schedule_policy(shuffled, in_order=True))
     by_priority = sorted(range(len(shuffled.units)), key=lambda u: shuffled.units[u].priority)
     starts = [strict.unit_start_us[u] for u in by_priority]
@@ -172,3 +162,35 @@ def test_the_runtimes_replay_waits_for_a_late_first_unit() -> None:
     # sends w2 at 10 us.
     assert contract.unit_start_us == pytest.approx((100.0, 10.0))
     assert strict.unit_start_us == pytest.approx((100.0, 110.0))
+
+
+def test_drift_predicts_the_running_schedule_as_the_runtime_issues_it() -> None:
+    """The drift loop's prediction of the running plan (``predict_schedule``, also what
+    ``pace recompile --schedule`` reports) is the runtime's replay, not the contract's."""
+    from pace.drift.replan import predict_schedule
+
+    trace, sched = late_first()
+    strict = simulate(trace, strictly_in_order(sched)).iteration_us
+    assert predict_schedule(trace, sched) == pytest.approx(strict)
+    assert strict > simulate(trace, schedule_policy(sched)).iteration_us
+
+
+def test_drift_takes_observed_units_back_by_the_runtimes_replay() -> None:
+    """The estimate compares what the monitor saw of the running schedule with that schedule's
+    replay (``replayed_spans``): the runtime's. In the late-first case w2 goes beside ``b1`` in
+    the contract's replay, but after w1, beside ``f1``, in the runtime's: the units the runtime
+    ran are taken back to exactly the idle link's cost."""
+    from pace.drift.estimate import replayed_spans
+
+    trace, sched = late_first()
+    term = Interference(comm_stretch=0.5)
+    trace = dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, interference=term))
+    strict = simulate(trace, strictly_in_order(sched))
+    contract = simulate(trace, schedule_policy(sched))
+    took = [f - s for s, f in zip(strict.unit_start_us, strict.unit_finish_us, strict=True)]
+    other = [f - s for s, f in zip(contract.unit_start_us, contract.unit_finish_us, strict=True)]
+    assert took != pytest.approx(other)  # the two replays charge the units differently
+    spans = replayed_spans(trace, sched)
+    for unit, us in zip(sched.units, took, strict=True):
+        size = sum(s.size_bytes for s in unit.slices)
+        assert spans.alone_us(size, us) == pytest.approx(trace.comm.cost_us(size))

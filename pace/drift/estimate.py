@@ -272,11 +272,13 @@ def replayed_spans(trace: Trace, schedule: Schedule) -> ReplayedSpans:
     compute take longer; the monitor observes both. An estimate against the ideal spans of
     :func:`trace_spans` would put that slowdown into the per-phase scales and the link, and the
     replay of the re-estimated trace would charge it again. The forward span is the time any
-    forward op runs (the monitor subtracts the forward's waits on communication).
+    forward op runs (the monitor subtracts the forward's waits on communication). The replay is
+    the runtime's, strictly in priority order: on drifted timings a unit may be ready before
+    one with a smaller priority, and the runtime (which the monitor watches) waits for that one.
     """
     from pace.sim import covered_us, merge_intervals, schedule_policy, simulate
 
-    res = simulate(trace, schedule_policy(schedule))
+    res = simulate(trace, schedule_policy(schedule, in_order=True))
     start, finish = res.op_start_us, res.op_finish_us
     an = analyze(trace)
     phases = [o.phase for o in trace.ops]

@@ -59,8 +59,8 @@ def recompile(
     than ``trace``'s: an estimate relative to the wrong trace would be meaningless.
     """
     from pace.compiler import compile_trace
+    from pace.drift.replan import predict_schedule
     from pace.io import trace_digest
-    from pace.sim import schedule_policy, simulate
     from pace.verify import verify_schedule
 
     digest = trace_digest(trace)
@@ -82,7 +82,7 @@ def recompile(
     gain: float | None = None
     switch: bool | None = None
     if current is not None:
-        current_us = float(simulate(new_trace, schedule_policy(current)).iteration_us)
+        current_us = predict_schedule(new_trace, current)
         opts = trigger_options if trigger_options is not None else TriggerOptions()
         gain = (current_us - predicted) / current_us if current_us > 0 else 0.0
         switch = gain > opts.gain_threshold

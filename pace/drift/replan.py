@@ -75,10 +75,17 @@ def compile_schedule(trace: Trace, *, mode: ScheduleMode = "overlap") -> Schedul
 
 
 def predict_schedule(trace: Trace, schedule: Schedule) -> float:
-    """Default prediction: replay ``schedule`` on ``trace`` with the contract's semantics."""
+    """Default prediction: replay ``schedule`` on ``trace`` as the runtime issues it, strictly
+    in priority order (``in_order=True``).
+
+    A schedule is numbered in its own replay's start order only on the trace it was compiled
+    for; on a re-estimated or jittered trace a unit may be ready before one with a smaller
+    priority, and the runtime then waits where the contract's work-conserving replay would not
+    (docs/schedule-format.md, "Priorities as the runtime reads them").
+    """
     from pace.sim import schedule_policy, simulate
 
-    return float(simulate(trace, schedule_policy(schedule)).iteration_us)
+    return float(simulate(trace, schedule_policy(schedule, in_order=True)).iteration_us)
 
 
 class JitterPredictor(Generic[P]):
