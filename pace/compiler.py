@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pace.errors import InputError, SolverError
 from pace.ir import SCHEDULE_MODES, FusionPlan, Schedule, ScheduleMode, Trace, Unit
 from pace.options import FUSION_METHODS, SOLVERS, FusionMethod, Solver
+from pace.replay import start_order
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -237,9 +238,7 @@ def best_lower_bound_us(trace: Trace) -> tuple[float, str]:
 
 
 def _start_order(schedule: Schedule, unit_start_us: Sequence[float]) -> list[int]:
-    """Unit indices in the order a replay started them (ties: priority, then index)."""
-    units = schedule.units
-    return sorted(range(len(units)), key=lambda u: (unit_start_us[u], units[u].priority, u))
+    return start_order(unit_start_us, [u.priority for u in schedule.units])
 
 
 def in_issue_order(schedule: Schedule, trace: Trace) -> Schedule:

@@ -23,7 +23,15 @@ from pace.analysis import TraceAnalysis
 from pace.errors import InputError
 from pace.ir import Unit
 
-__all__ = ["UnitArrays", "index_units", "iteration_us", "serial_replay", "window_us"]
+__all__ = [
+    "UnitArrays",
+    "index_units",
+    "issue_ready_us",
+    "iteration_us",
+    "serial_replay",
+    "start_order",
+    "window_us",
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -91,10 +99,7 @@ def index_units(
             )
     porder = tuple(sorted(range(len(priority)), key=priority.__getitem__))
     if in_order:
-        latest = 0.0
-        for u in porder:
-            latest = max(latest, ready[u])
-            ready[u] = latest
+        ready = issue_ready_us(ready, porder)
     return UnitArrays(
         units=tuple(units),
         priority=priority,
@@ -106,6 +111,24 @@ def index_units(
         in_order=in_order,
         priority_order=porder,
     )
+
+
+def issue_ready_us(ready_us: Sequence[float], order: Sequence[int]) -> list[float]:
+    """When a strict issuer can send each unit: once it is ready and every unit before it in
+    ``order`` has been sent (no earlier than their ready times). With these times
+    :func:`serial_replay` in ``order`` is the runtime's replay (strictly in priority order)."""
+    out = list(ready_us)
+    latest = 0.0
+    for u in order:
+        latest = max(latest, out[u])
+        out[u] = latest
+    return out
+
+
+def start_order(start_us: Sequence[float], priority: Sequence[float]) -> list[int]:
+    """Unit indices in the order a replay started them (ties: priority, then index): the
+    priorities ``pace compile`` writes (``pace.compiler.in_issue_order``)."""
+    return sorted(range(len(start_us)), key=lambda u: (start_us[u], priority[u], u))
 
 
 def serial_replay(

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from benchmarks.drift_scenario import balance_compute
 from pace.cli import main
-from pace.compiler import compile_trace, reference_units
+from pace.compiler import compile_trace, in_issue_order, reference_units
 from pace.io import load_schedule, save_trace
 from pace.ir import Trace
 from pace.lp import (
@@ -31,7 +31,7 @@ from pace.lp.candidates import slice_pieces
 from pace.sim import compare, schedule_policy, simulate
 from pace.synth import random_trace
 from pace.verify import verify_schedule
-from tests.strategies import traces
+from tests.strategies import shuffled_priorities, traces
 
 ONE_AT_A_TIME = ("fifo", "tictac", "p3")
 
@@ -94,22 +94,56 @@ def test_zero_jitter_worlds_are_the_nominal_reduction() -> None:
     np.testing.assert_array_equal(a, b)
 
 
-def test_jittered_replay_matches_the_simulator_on_a_jittered_trace() -> None:
-    # Each world of the vectorised sweep == the simulator on that world's trace (same factors:
-    # one row of lognormal draws per op, one column per world).
-    trace = random_trace(seed=5, n_layers=10, tensors_per_layer=(1, 3), alpha_us=10.0)
-    samples, sd, seed = 3, 0.05, 3
+@settings(max_examples=30, deadline=None)
+@given(
+    trace=traces(max_layers=10),
+    sd=st.sampled_from([0.02, 0.05, 0.2]),
+    seed=st.integers(0, 50),
+    rnd=st.randoms(use_true_random=False),
+)
+def test_jittered_replay_is_the_runtimes_replay_of_the_jittered_trace(
+    trace: Trace, sd: float, seed: int, rnd: random.Random
+) -> None:
+    """Each world of the vectorised sweep == the simulator on that world's trace (same factors:
+    one row of lognormal draws per op, one column per world), replaying the units as
+    ``pace compile`` numbers them (``in_issue_order``: the nominal replay's start order) and the
+    runtime issues them (strictly in that order): whatever priorities the units came with."""
+    samples = 3
     worlds = jitter_worlds(trace, samples=samples, sd=sd, seed=seed)
     factors = np.random.default_rng(seed).lognormal(0.0, sd, size=(len(trace.ops), samples))
-    s = schedule(trace, robust=True).schedule
+    s = shuffled_priorities(schedule(trace, robust=True).schedule, rnd)
     got = jittered_replays_us(worlds, s.units)
+    issued = in_issue_order(s, trace)
     for w in range(samples):
         ops = tuple(
             dataclasses.replace(o, duration_us=o.duration_us * float(factors[i, w]))
             for i, o in enumerate(trace.ops)
         )
         world = dataclasses.replace(trace, ops=ops)
-        assert got[w] == pytest.approx(simulate(world, schedule_policy(s)).iteration_us, rel=1e-9)
+        runtime = simulate(world, schedule_policy(issued, in_order=True)).iteration_us
+        assert got[w] == pytest.approx(runtime, rel=1e-9)
+
+
+def test_a_late_urgent_unit_holds_back_the_rest_in_the_runtimes_order() -> None:
+    """Where the contract's replay and the runtime's differ in a jittered world, the robust
+    selection scores the runtime's (the strict replay, never the work-conserving one)."""
+    trace = _fragile()
+    worlds = jitter_worlds(trace, samples=8, sd=0.05, seed=0)
+    factors = np.random.default_rng(0).lognormal(0.0, 0.05, size=(len(trace.ops), 8))
+    s = in_issue_order(schedule(trace).schedule, trace)
+    got = jittered_replays_us(worlds, s.units)
+    differ = 0
+    for w in range(8):
+        ops = tuple(
+            dataclasses.replace(o, duration_us=o.duration_us * float(factors[i, w]))
+            for i, o in enumerate(trace.ops)
+        )
+        world = dataclasses.replace(trace, ops=ops)
+        contract = simulate(world, schedule_policy(s)).iteration_us
+        runtime = simulate(world, schedule_policy(s, in_order=True)).iteration_us
+        assert got[w] == pytest.approx(runtime, rel=1e-9)
+        differ += abs(contract - runtime) > 1e-6 * runtime
+    assert differ > 0
 
 
 @settings(max_examples=60, deadline=None)
@@ -147,22 +181,26 @@ def test_robust_compile_within_tolerance_of_plain_compile(seed: int) -> None:
     assert robust.predicted_iteration_us <= robust.baselines["fifo"] * (1 + 1e-9)
 
 
-def test_fragile_trace_improves_under_jitter() -> None:
+def test_the_fragile_trace_is_fragile_only_in_the_contracts_replay() -> None:
+    """The fragile trace's nominal schedule loses 4.5% on average to 2% jitter in the contract's
+    work-conserving replay (a late urgent gradient finds the next big piece on the channel), but
+    the runtime issues strictly in priority order and waits for it: the same schedule then loses
+    0.3%, and the robust choice, judged in the runtime's order, is no worse."""
     trace = _fragile()
     plain = compile_trace(trace, robust=False, baselines=False)
     robust = compile_trace(trace, robust=True, baselines=False)
     assert robust.predicted_iteration_us <= plain.predicted_iteration_us * (1 + ROBUST_TOLERANCE)
     worlds = [_jittered(trace, 100 + i, 0.02) for i in range(20)]
 
-    def mean(result: object) -> float:
-        pol = schedule_policy(result.schedule)  # type: ignore[attr-defined]
+    def mean(result: object, *, in_order: bool) -> float:
+        pol = schedule_policy(result.schedule, in_order=in_order)  # type: ignore[attr-defined]
         return statistics.fmean(simulate(w, pol).iteration_us for w in worlds)
 
-    plain_mean, robust_mean = mean(plain), mean(robust)
-    # Measured: 45.1 -> 43.6 ms (the nominal schedule pays head-of-line blocking in most worlds).
-    assert robust_mean < 0.98 * plain_mean
-    # And the robust schedule actually realises about its prediction.
-    assert robust_mean < 1.02 * robust.predicted_iteration_us
+    nominal = plain.predicted_iteration_us
+    # Measured: 43.12 ms nominal; 45.1 ms in the contract's replay, 43.2 ms in the runtime's.
+    assert mean(plain, in_order=False) > 1.03 * nominal
+    assert mean(plain, in_order=True) < 1.01 * nominal
+    assert mean(robust, in_order=True) <= mean(plain, in_order=True) * (1 + 1e-3)
 
 
 def test_cli_robust_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -178,7 +216,8 @@ def test_cli_robust_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert outs["--no-robust"]["robust"] is None
     info = outs["--robust"]["robust"]
     assert info["tolerance"] == ROBUST_TOLERANCE
-    assert info["jitter_mean_us"] < info["nominal_choice_jitter_mean_us"]
+    # The nominal choice is always admissible: the choice's mean is never worse.
+    assert info["jitter_mean_us"] <= info["nominal_choice_jitter_mean_us"]
     assert outs["--robust"]["predicted_iteration_us"] <= outs["--no-robust"][
         "predicted_iteration_us"
     ] * (1 + ROBUST_TOLERANCE)

@@ -1,9 +1,13 @@
 """Jittered replay: how a compiled schedule behaves when op durations wobble.
 
 An optimal preemptive schedule is timed to the microsecond: a partition ends exactly where a
-later, more urgent gradient is released. If that gradient is ready a hair late, the
+later, more urgent gradient is released. If that gradient is ready a hair late, the contract's
 work-conserving replay starts the next (large) piece of the preempted job, and the urgent one
-waits behind it — head-of-line blocking. The robust selection in :func:`pace.lp.schedule` scores
+waits behind it — head-of-line blocking. The runtime does not do that: it issues strictly in
+priority order (the nominal replay's start order, ``pace.compiler.in_issue_order``) and waits
+for the late gradient, which costs only its lateness. So the worlds here are replayed in the
+runtime's order (:func:`jittered_replays_us`), where the nominal schedule turns out robust
+already (docs/scheduling.md section 8). The robust selection in :func:`pace.lp.schedule` scores
 candidates by their mean replay over a few jittered copies of the trace (every op duration times
 an independent lognormal factor, fixed seed: ``pace.jitter.JitterModel(op_sd=...)``, the model
 drift re-planning also judges switches with) and keeps the nominal guarantees by only choosing
@@ -32,7 +36,14 @@ from pace.jitter import JitterModel
 from pace.lp.candidates import PieceCandidate, replay_us
 from pace.lp.reduction import Reduction
 from pace.lp.units import units_from_pieces
-from pace.replay import index_units, serial_replay, tensor_done_us, window_us
+from pace.replay import (
+    index_units,
+    issue_ready_us,
+    serial_replay,
+    start_order,
+    tensor_done_us,
+    window_us,
+)
 
 __all__ = [
     "ROBUST_FULL_MAX_JOBS",
@@ -191,14 +202,27 @@ def _worlds(an: TraceAnalysis, samples: int, sd: float, seed: int) -> JitterWorl
 
 
 def jittered_replays_us(worlds: JitterWorlds, units: Sequence[Unit]) -> list[float]:
-    """The replay (docs/schedule-format.md semantics) of ``units`` in every world: the one
-    kernel (``pace.replay``) with each world's releases, then Theorem 1 with its tails."""
+    """The runtime's replay of ``units`` in every world: the one kernel (``pace.replay``) with
+    each world's releases, then Theorem 1 with its tails.
+
+    The runtime issues strictly in priority order, and ``pace compile`` numbers the units in the
+    order the nominal replay starts them (``pace.compiler.in_issue_order``). So a world replays
+    them in that order, each once its tensors are released there and every unit before it has
+    been sent (``pace.sim.schedule_policy(..., in_order=True)`` on the jittered trace). A unit
+    released late then holds back the ones after it, where the contract's work-conserving replay
+    would send a later unit first.
+    """
     arrays = index_units(worlds.analysis, units)
+    nominal_start, _ = serial_replay(arrays.ready_us, arrays.cost_us, arrays.priority)
+    order = start_order(nominal_start, arrays.priority)
+    rank = [0.0] * len(order)
+    for pos, u in enumerate(order):
+        rank[u] = float(pos)
     out: list[float] = []
     for w in range(worlds.samples):
         rel = worlds.release_us[w].tolist()
-        ready = [max(rel[k] for k in members) for members in arrays.tensors]
-        _, finish = serial_replay(ready, arrays.cost_us, arrays.priority)
+        ready = issue_ready_us([max(rel[k] for k in members) for members in arrays.tensors], order)
+        _, finish = serial_replay(ready, arrays.cost_us, rank)
         done = tensor_done_us(arrays, finish)
         out.append(
             window_us(float(worlds.compute_makespan_us[w]), done, worlds.tail_us[w].tolist())
