@@ -433,6 +433,8 @@ def test_the_running_schedules_own_prediction_is_a_fixed_point() -> None:
     idle=st.floats(0.0, 0.3),
     stretch=st.floats(0.0, 0.5),
     call_delay=st.floats(0.0, 2000.0),
+    shuffle=st.booleans(),
+    rnd=st.randoms(use_true_random=False),
 )
 def test_observing_the_running_schedules_replay_estimates_no_drift(
     *,
@@ -442,10 +444,16 @@ def test_observing_the_running_schedules_replay_estimates_no_drift(
     idle: float,
     stretch: float,
     call_delay: float,
+    shuffle: bool,
+    rnd: random.Random,
 ) -> None:
-    """Whatever the interference term, a world that is exactly the replay of the running
-    schedule is estimated as no drift: phase scales 1 and the trace's own link."""
+    """Whatever the interference term, a world that is exactly the runtime's replay of the
+    running schedule is estimated as no drift: phase scales 1 and the trace's own link; and
+    ``pace recompile --schedule`` predicts the running schedule at the iteration observed.
+    Drifted timings leave a schedule's priorities out of its replay's start order; shuffled
+    priorities stand for that (the runtime then issues strictly in priority order)."""
     from pace.compiler import compile_trace
+    from pace.drift.offline import recompile
 
     term = Interference(
         us_per_byte=per_byte,
@@ -456,13 +464,18 @@ def test_observing_the_running_schedules_replay_estimates_no_drift(
     )
     trace = dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, interference=term))
     sched = compile_trace(trace, baselines=False).schedule
-    stats, _ = _observe_replay(trace, sched)
+    if shuffle:
+        sched = shuffled_priorities(sched, rnd)
+    stats, iteration_us = _observe_replay(trace, sched)
     est = estimate(trace, stats, running=sched)
     assert est.forward_scale == pytest.approx(1.0, rel=1e-9)
     assert est.backward_scale == pytest.approx(1.0, rel=1e-9)
     if len(est.comm_points) >= 2:
         assert est.alpha_us == pytest.approx(trace.comm.alpha_us, rel=1e-6, abs=1e-6)
     assert est.beta_us_per_byte == pytest.approx(trace.comm.beta_us_per_byte, rel=1e-6)
+    assert recompile(trace, stats, current=sched).current_us == pytest.approx(
+        iteration_us, rel=1e-6
+    )
 
 
 def test_recompile_compares_with_the_running_schedule() -> None:
@@ -476,35 +489,3 @@ def test_recompile_compares_with_the_running_schedule() -> None:
     assert got.estimate.backward_scale == pytest.approx(1.0, rel=1e-9)
     assert got.current_us == pytest.approx(iteration_us, rel=1e-6)
     assert got.switch is False
-
-
-@settings(max_examples=40, deadline=None)
-@given(
-    trace=traces(max_layers=6),
-    per_byte=st.floats(0.0, 5e-3),
-    stretch=st.floats(0.0, 0.5),
-    call_delay=st.floats(0.0, 2000.0),
-    rnd=st.randoms(use_true_random=False),
-)
-def test_a_schedule_out_of_its_start_order_is_judged_as_the_runtime_runs_it(
-    trace: Trace, per_byte: float, stretch: float, call_delay: float, rnd: random.Random
-) -> None:
-    """Drifted timings leave a schedule's priorities out of its replay's start order; shuffled
-    priorities stand for that. Observing the runtime's replay of such a schedule (strictly in
-    priority order) estimates no drift, and ``pace recompile --schedule`` predicts the running
-    schedule at exactly the iteration observed."""
-    from pace.compiler import compile_trace
-    from pace.drift.offline import recompile
-    from pace.drift.replan import predict_schedule
-
-    term = Interference(us_per_byte=per_byte, comm_stretch=stretch, comm_us_per_call=call_delay)
-    trace = dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, interference=term))
-    sched = shuffled_priorities(compile_trace(trace, baselines=False).schedule, rnd)
-    stats, iteration_us = _observe_replay(trace, sched)
-    est = estimate(trace, stats, running=sched)
-    assert est.forward_scale == pytest.approx(1.0, rel=1e-9)
-    assert est.backward_scale == pytest.approx(1.0, rel=1e-9)
-    assert est.beta_us_per_byte == pytest.approx(trace.comm.beta_us_per_byte, rel=1e-6)
-    assert predict_schedule(trace, sched) == pytest.approx(iteration_us, rel=1e-9)
-    got = recompile(trace, stats, current=sched)
-    assert got.current_us == pytest.approx(iteration_us, rel=1e-6)
