@@ -1,4 +1,6 @@
-"""Helpers shared by the real-model benchmarks (``bench_models.py``, ``bench_sweep.py``).
+"""Helpers shared by the benchmarks (the real-model tables of ``bench_models.py`` and
+``bench_sweep.py``; the loopback Horovod launches of ``bench_runtime.py`` and
+``bench_sync_forward.py``).
 
 Import as ``from benchmarks._common import ...`` after putting the repository root on
 ``sys.path`` (the scripts do), so the same module serves ``python benchmarks/X.py`` and tests.
@@ -7,6 +9,10 @@ Import as ``from benchmarks._common import ...`` after putting the repository ro
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -57,3 +63,20 @@ def compute_only_us(trace: Trace) -> float:
     from pace.analysis import analyze
 
     return float(analyze(trace).critical_path_us)
+
+
+def horovodrun_loopback(script: str, worker_args: list[str]) -> str:
+    """Run ``script --worker WORKER_ARGS`` as 2 Horovod ranks on loopback (gloo, one compute
+    thread each) and return what they printed; a failed launch raises with its output."""
+    horovodrun = shutil.which("horovodrun", path=str(Path(sys.executable).parent)) or "horovodrun"
+    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, script]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [*cmd, "--worker", *worker_args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=1800,
+    )
+    return out.stdout

@@ -26,15 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+
+from benchmarks._common import horovodrun_loopback  # noqa: E402
 
 
 def _model(width: int, depth: int) -> Any:
@@ -147,20 +149,17 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, pace_env: bool) -> dict[str, float]:
-    horovodrun = shutil.which("horovodrun", path=str(Path(sys.executable).parent)) or "horovodrun"
-    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, __file__]
-    cmd += ["--worker", "--width", str(args.width), "--depth", str(args.depth)]
-    cmd += ["--batch", str(args.batch), "--blocks", str(args.blocks)]
-    cmd += ["--steps-per-block", str(args.steps_per_block)]
+    worker_args = ["--width", str(args.width), "--depth", str(args.depth)]
+    worker_args += ["--batch", str(args.batch), "--blocks", str(args.blocks)]
+    worker_args += ["--steps-per-block", str(args.steps_per_block)]
     if pace_env:
-        cmd.append("--pace-env")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True, timeout=1800)
-    for line in out.stdout.splitlines():
+        worker_args.append("--pace-env")
+    stdout = horovodrun_loopback(__file__, worker_args)
+    for line in stdout.splitlines():
         _, sep, payload = line.partition("BENCH ")
         if sep:
             return dict(json.loads(payload))
-    raise RuntimeError(out.stdout[-2000:] + out.stderr[-2000:])
+    raise RuntimeError(stdout[-2000:])
 
 
 def main() -> None:

@@ -22,9 +22,7 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -32,6 +30,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+
+from benchmarks._common import horovodrun_loopback  # noqa: E402
+
 KINDS = ("local", "vanilla-nofusion", "pace-sync")
 
 
@@ -137,20 +140,17 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    horovodrun = shutil.which("horovodrun", path=str(Path(sys.executable).parent)) or "horovodrun"
-    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, __file__]
-    cmd += ["--worker", "--batch", str(args.batch), "--blocks", str(args.blocks)]
-    cmd += ["--steps-per-block", str(args.steps_per_block)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True, timeout=1800)
+    worker_args = ["--batch", str(args.batch), "--blocks", str(args.blocks)]
+    worker_args += ["--steps-per-block", str(args.steps_per_block)]
+    stdout = horovodrun_loopback(__file__, worker_args)
     per_rank: dict[int, dict[str, list[float]]] = {}
-    for line in out.stdout.splitlines():
+    for line in stdout.splitlines():
         _, sep, payload = line.partition("BENCH ")
         if sep:
             rank, _, data = payload.partition(" ")
             per_rank[int(rank)] = json.loads(data)
     if len(per_rank) != 2:
-        raise SystemExit(out.stdout[-2000:] + out.stderr[-2000:])
+        raise SystemExit(stdout[-2000:])
     print(
         f"pace:vgg-cifar, batch {args.batch}/rank, 2 ranks (gloo, loopback), Horovod fusion and "
         f"response cache off; median over {args.blocks} blocks x {args.steps_per_block} iterations"
