@@ -94,6 +94,22 @@ def test_zero_jitter_worlds_are_the_nominal_reduction() -> None:
     np.testing.assert_array_equal(a, b)
 
 
+def _world_traces(trace: Trace, samples: int, sd: float, seed: int) -> list[Trace]:
+    """The traces of ``jitter_worlds(trace, samples=..., sd=..., seed=...)``: the same factors
+    (one row of lognormal draws per op, one column per world)."""
+    factors = np.random.default_rng(seed).lognormal(0.0, sd, size=(len(trace.ops), samples))
+    return [
+        dataclasses.replace(
+            trace,
+            ops=tuple(
+                dataclasses.replace(o, duration_us=o.duration_us * float(factors[i, w]))
+                for i, o in enumerate(trace.ops)
+            ),
+        )
+        for w in range(samples)
+    ]
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     trace=traces(max_layers=10),
@@ -108,18 +124,11 @@ def test_jittered_replay_is_the_runtimes_replay_of_the_jittered_trace(
     one row of lognormal draws per op, one column per world), replaying the units as
     ``pace compile`` numbers them (``in_issue_order``: the nominal replay's start order) and the
     runtime issues them (strictly in that order): whatever priorities the units came with."""
-    samples = 3
-    worlds = jitter_worlds(trace, samples=samples, sd=sd, seed=seed)
-    factors = np.random.default_rng(seed).lognormal(0.0, sd, size=(len(trace.ops), samples))
+    worlds = jitter_worlds(trace, samples=3, sd=sd, seed=seed)
     s = shuffled_priorities(schedule(trace, robust=True).schedule, rnd)
     got = jittered_replays_us(worlds, s.units)
     issued = in_issue_order(s, trace)
-    for w in range(samples):
-        ops = tuple(
-            dataclasses.replace(o, duration_us=o.duration_us * float(factors[i, w]))
-            for i, o in enumerate(trace.ops)
-        )
-        world = dataclasses.replace(trace, ops=ops)
+    for w, world in enumerate(_world_traces(trace, 3, sd, seed)):
         runtime = simulate(world, schedule_policy(issued, in_order=True)).iteration_us
         assert got[w] == pytest.approx(runtime, rel=1e-9)
 
@@ -129,16 +138,10 @@ def test_a_late_urgent_unit_holds_back_the_rest_in_the_runtimes_order() -> None:
     selection scores the runtime's (the strict replay, never the work-conserving one)."""
     trace = _fragile()
     worlds = jitter_worlds(trace, samples=8, sd=0.05, seed=0)
-    factors = np.random.default_rng(0).lognormal(0.0, 0.05, size=(len(trace.ops), 8))
     s = in_issue_order(schedule(trace).schedule, trace)
     got = jittered_replays_us(worlds, s.units)
     differ = 0
-    for w in range(8):
-        ops = tuple(
-            dataclasses.replace(o, duration_us=o.duration_us * float(factors[i, w]))
-            for i, o in enumerate(trace.ops)
-        )
-        world = dataclasses.replace(trace, ops=ops)
+    for w, world in enumerate(_world_traces(trace, 8, 0.05, 0)):
         contract = simulate(world, schedule_policy(s)).iteration_us
         runtime = simulate(world, schedule_policy(s, in_order=True)).iteration_us
         assert got[w] == pytest.approx(runtime, rel=1e-9)
