@@ -99,6 +99,16 @@ def pace_horovod_env() -> dict[str, str]:
 
 
 _HOROVOD_OVERRIDES: dict[str, str] = {}
+# Horovod settings under which re-initialising Horovod (``_reinit_horovod``, where vanilla's
+# blocks and the others' alternate in a training launch) can crash: with HOROVOD_CYCLE_TIME set
+# both ranks died of SIGSEGV in hvd.init() after hvd.shutdown() (2026-11-24, at 1 and at 5 ms;
+# never with it unset), where earlier runs with it set had finished (docs/runtime.md).
+REINIT_CRASHES = frozenset({"HOROVOD_CYCLE_TIME"})
+REINIT_WARNING = (
+    f"warning: --horovod-env sets {', '.join(sorted(REINIT_CRASHES))}: Horovod 0.28 can crash "
+    "(SIGSEGV) re-initialising under it, which the training launches do; if a launch fails "
+    "with signal SIGSEGV, measure the setting with benchmarks/bench_sync_forward.py instead"
+)
 # The Horovod variants that run under Horovod's own defaults (fusion, cache), not the runtime's.
 DEFAULT_SETTINGS_VARIANTS = frozenset({"vanilla", "local@vanilla"})
 # The variants that pace.runtime drives (the rest: vanilla DDP or Horovod, and `local`s).
@@ -214,14 +224,15 @@ def launch(
     *,
     script: str = __file__,
 ) -> None:
-    """Run ``script argv`` (this script's worker role by default) as 2 ranks, one per namespace
-    (``script`` other than this one: torch backend only)."""
+    """Run ``script argv`` (this script's worker role by default) as 2 ranks, one per
+    namespace."""
     env = _base_env() | (extra_env or {})
     if backend == "horovod":
         # Horovod's gloo rendezvous server must be reachable by both ranks: a small driver
         # in rank 0's namespace runs it (what horovodrun does, without ssh).
         cmd = ["ip", "netns", "exec", link.ns[0], sys.executable, __file__, "--role", "hvd-driver"]
-        cmd += ["--link", json.dumps([link.ns, link.dev, link.ip]), "--", *argv]
+        cmd += ["--link", json.dumps([link.ns, link.dev, link.ip]), "--driver-script", script]
+        cmd += ["--", *argv]
         _wait_all([subprocess.Popen(cmd, env=env)])
         return
     procs = []
@@ -257,11 +268,14 @@ def _wait_all(procs: list[subprocess.Popen[bytes]]) -> None:
                     p.kill()
     codes = [p.returncode for p in procs]
     if any(c != 0 for c in codes):
-        raise RuntimeError(f"a rank failed (exit codes {codes}); see its output above")
+        signals = sorted({signal.Signals(-c).name for c in codes if c is not None and c < 0})
+        killed = f", killed by {', '.join(signals)}" if signals else ""
+        raise RuntimeError(f"a rank failed (exit codes {codes}{killed}); see its output above")
 
 
-def hvd_driver(link_json: str, argv: Sequence[str]) -> None:
-    """Runs in rank 0's namespace: Horovod's rendezvous server, then both ranks."""
+def hvd_driver(link_json: str, argv: Sequence[str], script: str = __file__) -> None:
+    """Runs in rank 0's namespace: Horovod's rendezvous server, then both ranks (``script
+    argv``)."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
     from horovod.runner.http.http_server import RendezvousServer
@@ -278,7 +292,7 @@ def hvd_driver(link_json: str, argv: Sequence[str]) -> None:
         env = dict(os.environ)
         env.update({k: str(v) for k, v in create_run_env_vars(link.ip[0], [dev[r]], port).items()})
         env.update({k: str(v) for k, v in create_slot_env_vars(slot).items()})
-        cmd = [sys.executable, __file__, *argv] if r == 0 else _rank_cmd(link, r, argv)
+        cmd = [sys.executable, script, *argv] if r == 0 else _rank_cmd(link, r, argv, script)
         procs.append(subprocess.Popen(cmd, env=env))
     try:
         _wait_all(procs)
@@ -1779,6 +1793,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
     ap.add_argument("--link", help=argparse.SUPPRESS)
+    ap.add_argument("--driver-script", default=__file__, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", help=argparse.SUPPRESS)
     ap.add_argument("--variants", help=argparse.SUPPRESS)
@@ -1828,8 +1843,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args, rest = ap.parse_known_args(argv)
     _HOROVOD_OVERRIDES.update(dict(kv.split("=", 1) for kv in args.horovod_env.split(",") if kv))
+    if args.role == "main" and REINIT_CRASHES.intersection(_HOROVOD_OVERRIDES):
+        _say(REINIT_WARNING)
     if args.role == "hvd-driver":
-        hvd_driver(args.link, [a for a in rest if a != "--"])
+        hvd_driver(args.link, [a for a in rest if a != "--"], args.driver_script)
         return 0
     workers = {"comm": worker_comm, "train": worker_train, "interference": worker_interference}
     if args.role in workers:

@@ -1,19 +1,26 @@
-"""Does the sync mode slow the forward that follows it? 2 Horovod ranks on loopback, CPU, gloo.
+"""Does the sync mode slow the forward that follows it? 2 Horovod ranks, CPU, gloo, where the
+forward's time goes.
 
-    python benchmarks/bench_sync_forward.py [--blocks 6 --steps-per-block 5]
+    python benchmarks/bench_sync_forward.py [--rate 1gbit] [--blocks 6 --steps-per-block 5]
 
 On the throttled link (``bench_netns.py``) rank 0's forward in the sync mode with Horovod took
 0-33 ms more than ``local``'s, although every unit is done before the forward starts
 (docs/results.md). This runs the same model (``pace:vgg-cifar``, batch 10, one compute thread)
-with the same Horovod settings (fusion and response cache off) on loopback, without ``tc``, and
-times each phase per iteration, with the forward's minor page faults:
+with the same Horovod settings (fusion and response cache off; ``--horovod-env K=V,...`` adds
+settings) on loopback, or with ``--rate`` (as root) on ``bench_netns.py``'s two namespaces and
+``tc``-limited veth pair, and times each phase per iteration. Per forward it also reads, from
+the kernel's per-thread scheduler statistics (``/proc/self/task/*/schedstat``), the training
+thread's CPU time and its time waiting for a core (run-queue wait), the CPU time of the
+process's other threads (Horovod's background loop, gloo's, the runtime's), and from
+``/proc/stat`` how busy the host's cores were:
 
 * ``local``: no communication;
 * ``vanilla-nofusion``: ``hvd.DistributedOptimizer``;
 * ``pace-sync``: ``pace.runtime.wrap(..., sync=True)`` with a hand-made sync schedule of 4 units
   of about equal size, in back-propagation order.
 
-Variants alternate block by block in one launch. Prints each rank's medians.
+Variants alternate block by block in one launch. Prints each rank's medians (times) and means
+(CPU accounting, whose clock ticks are coarse).
 """
 
 from __future__ import annotations
@@ -22,10 +29,14 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import sys
+import tempfile
+import threading
 import time
 import warnings
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +47,50 @@ if str(ROOT) not in sys.path:
 from benchmarks._common import horovodrun_loopback  # noqa: E402
 
 KINDS = ("local", "vanilla-nofusion", "pace-sync")
+# Per iteration: forward s, forward minor faults, backward s, step s, then over the forward:
+# the training thread's CPU ms and run-queue wait ms, the other threads' CPU ms, the host's
+# busy core-ms.
+FIELDS = ("fwd", "faults", "bwd", "step", "main_cpu", "main_wait", "others_cpu", "host_busy")
+FIELDS += ("unsent_kib",)  # at the forward's start
+TICK_MS = 1e3 / os.sysconf("SC_CLK_TCK")
+
+
+def _threads_ns() -> dict[int, tuple[str, int, int, int]]:
+    """tid -> (name, CPU ns, run-queue wait ns, times put on a core) for each thread of this
+    process (schedstat)."""
+    out: dict[int, tuple[str, int, int, int]] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                run_ns, wait_ns, slices = f.read().split()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended between listdir and open
+            continue
+        out[int(tid)] = (name, int(run_ns), int(wait_ns), int(slices))
+    return out
+
+
+def _unsent_kib() -> float:
+    """KiB written to this network namespace's TCP sockets and not yet acknowledged by the peer
+    (the tx_queue column of ``/proc/net/tcp``): data still on its way through the link."""
+    total = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.readlines()[1:]
+        except OSError:
+            continue
+        total += sum(int(row.split()[4].split(":")[0], 16) for row in rows)
+    return total / 1024
+
+
+def _host_busy_ms() -> float:
+    """Busy core-milliseconds of the whole host since boot (``/proc/stat``'s cpu line)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks[:8]) - idle) * TICK_MS
 
 
 def _sync_schedule(model: Any) -> Any:
@@ -76,7 +131,11 @@ def worker(args: argparse.Namespace) -> None:
     from pace.profiler.workloads import vgg_cifar
 
     torch.set_num_threads(1)
+    before_init = set(_threads_ns())
     hvd.init()
+    # Name the threads by who started them (they are all called "python"): Horovod's
+    # background loop and gloo's at init, the runtime's when it wraps, torch's at first use.
+    owner = {t: f"horovod{i}" for i, t in enumerate(sorted(set(_threads_ns()) - before_init))}
     g = torch.Generator().manual_seed(hvd.rank())
     x = torch.randn(args.batch, 3, 32, 32, generator=g)
     y = torch.randint(0, 10, (args.batch,), generator=g)
@@ -95,24 +154,59 @@ def worker(args: argparse.Namespace) -> None:
                 opt, model, _sync_schedule(model), backend="horovod", sync=True
             )
 
-    runs = {k: make(k) for k in KINDS}
-    samples: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in KINDS}
+    runs: dict[str, tuple[Any, Any]] = {}
+    for k in KINDS:
+        known = set(_threads_ns())
+        runs[k] = make(k)
+        owner.update(dict.fromkeys(set(_threads_ns()) - known - set(owner), k))
+    samples: dict[str, list[tuple[float, ...]]] = {k: [] for k in KINDS}
+    # Per variant and thread owner: CPU ms and times put on a core, over all kept forwards.
+    others_by_name: dict[str, defaultdict[str, list[float]]] = {
+        k: defaultdict(lambda: [0.0, 0.0]) for k in KINDS
+    }
+    main_tid = threading.get_native_id()
 
     def block(kind: str, steps: int, keep: bool) -> None:
         model, opt = runs[kind]
         for _ in range(steps):
             opt.zero_grad()
+            unsent = _unsent_kib()
+            threads0, host0 = _threads_ns(), _host_busy_ms()
             faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
             loss = functional.cross_entropy(model(x), y)
             t1 = time.perf_counter()
             faults1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            threads1, host1 = _threads_ns(), _host_busy_ms()
             loss.backward()
             t2 = time.perf_counter()
             opt.step()
             t3 = time.perf_counter()
-            if keep:
-                samples[kind].append((t1 - t0, float(faults1 - faults0), t2 - t1, t3 - t2))
+            if not keep:
+                continue
+            others_ms = 0.0
+            for tid, (_, run1, _, slices1) in threads1.items():
+                _, run0, _, slices0 = threads0.get(tid, ("", 0, 0, 0))
+                if tid != main_tid:
+                    others_ms += (run1 - run0) / 1e6
+                    acc = others_by_name[kind][owner.get(tid, "torch")]
+                    acc[0] += (run1 - run0) / 1e6
+                    acc[1] += slices1 - slices0
+            _, main_run1, main_wait1, _ = threads1[main_tid]
+            _, main_run0, main_wait0, _ = threads0[main_tid]
+            samples[kind].append(
+                (
+                    t1 - t0,
+                    float(faults1 - faults0),
+                    t2 - t1,
+                    t3 - t2,
+                    (main_run1 - main_run0) / 1e6,
+                    (main_wait1 - main_wait0) / 1e6,
+                    others_ms,
+                    host1 - host0,
+                    unsent,
+                )
+            )
         if kind != "local":
             opt.synchronize()
 
@@ -124,49 +218,80 @@ def worker(args: argparse.Namespace) -> None:
     for _, opt in runs.values():
         if hasattr(opt, "close"):
             opt.close()
-    medians = {
-        k: [statistics.median(s[i] for s in v) for i in range(4)] for k, v in samples.items()
-    }
-    print(f"BENCH {hvd.rank()} " + json.dumps(medians), flush=True)
+    result = {}
+    for k, v in samples.items():
+        times = [statistics.median(s[i] for s in v) for i in range(4)]
+        cpu = [statistics.fmean(s[i] for s in v) for i in range(4, len(FIELDS))]
+        busiest = sorted(others_by_name[k].items(), key=lambda kv: -kv[1][0])[:3]
+        top = [(n, ms / len(v), runs / len(v)) for n, (ms, runs) in busiest]
+        result[k] = {"values": times + cpu, "top": top}
+    Path(args.out, f"rank{hvd.rank()}.json").write_text(json.dumps(result))
+
+
+def _launch(args: argparse.Namespace, out: Path) -> None:
+    worker_args = ["--batch", str(args.batch), "--blocks", str(args.blocks)]
+    worker_args += ["--steps-per-block", str(args.steps_per_block), "--out", str(out)]
+    extra = dict(kv.split("=", 1) for kv in args.horovod_env.split(",") if kv)
+    if not args.rate:
+        os.environ.update(extra)
+        horovodrun_loopback(__file__, worker_args)
+        return
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        raise SystemExit("bench_sync_forward: --rate needs root and iproute2 (ip, tc)")
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import bench_netns as netns
+
+    with netns.throttled_link() as link:
+        netns.set_rate(link, args.rate)
+        netns.launch(link, "horovod", ["--worker", *worker_args], extra, script=__file__)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=10)
     ap.add_argument("--blocks", type=int, default=6)
     ap.add_argument("--steps-per-block", type=int, default=5)
+    ap.add_argument("--rate", help="tc rate of bench_netns.py's link (as root); default loopback")
+    ap.add_argument("--horovod-env", default="", metavar="K=V,...", help="more Horovod settings")
     args = ap.parse_args()
     if args.worker:
         worker(args)
         return
-    worker_args = ["--batch", str(args.batch), "--blocks", str(args.blocks)]
-    worker_args += ["--steps-per-block", str(args.steps_per_block)]
-    stdout = horovodrun_loopback(__file__, worker_args)
-    per_rank: dict[int, dict[str, list[float]]] = {}
-    for line in stdout.splitlines():
-        _, sep, payload = line.partition("BENCH ")
-        if sep:
-            rank, _, data = payload.partition(" ")
-            per_rank[int(rank)] = json.loads(data)
-    if len(per_rank) != 2:
-        raise SystemExit(stdout[-2000:])
+    tmp = Path(tempfile.mkdtemp(prefix="pace-syncfwd-"))
+    try:
+        _launch(args, tmp)
+        per_rank = {r: json.loads((tmp / f"rank{r}.json").read_text()) for r in (0, 1)}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    where = f"a {args.rate} tc-limited veth pair" if args.rate else "loopback"
     print(
-        f"pace:vgg-cifar, batch {args.batch}/rank, 2 ranks (gloo, loopback), Horovod fusion and "
-        f"response cache off; median over {args.blocks} blocks x {args.steps_per_block} iterations"
+        f"pace:vgg-cifar, batch {args.batch}/rank, 2 ranks (gloo, {where}), Horovod fusion and "
+        f"response cache off{', ' + args.horovod_env if args.horovod_env else ''}; median "
+        f"(times) and mean (CPU) over {args.blocks} blocks x {args.steps_per_block} iterations; "
+        "forward's CPU: the training thread's own, its wait for a core, the other threads' "
+        "of its process, the host's busy core-ms (2 cores); unsent: KiB in its TCP send queues "
+        "as the forward starts"
     )
     print(
-        f"{'rank':>4} {'variant':<17} {'forward ms':>10} {'vs local':>9} {'fwd faults':>10} "
-        f"{'backward ms':>11} {'step ms':>8}"
+        f"{'rank':>4} {'variant':<17} {'fwd ms':>7} {'vs local':>8} {'faults':>6} "
+        f"{'main cpu':>8} {'waited':>7} {'others':>7} {'host':>6} {'unsent':>7} {'bwd ms':>7} "
+        f"{'step ms':>7}"
+        "  others by who started them (CPU ms/times on a core, per forward)"
     )
     for rank in sorted(per_rank):
         res = per_rank[rank]
-        base = res["local"][0]
+        base = res["local"]["values"][0]
         for k in KINDS:
-            fwd, faults, bwd, step = res[k]
+            fwd, faults, bwd, step, main_cpu, waited, others, host, unsent = res[k]["values"]
+            top = ", ".join(f"{n} {ms:.1f}/{runs:.0f}" for n, ms, runs in res[k]["top"])
             print(
-                f"{rank:>4} {k:<17} {fwd * 1e3:10.1f} {(fwd - base) * 1e3:+8.1f}  {faults:10.0f} "
-                f"{bwd * 1e3:11.1f} {step * 1e3:8.1f}"
+                f"{rank:>4} {k:<17} {fwd * 1e3:7.1f} {(fwd - base) * 1e3:+8.1f} {faults:6.0f} "
+                f"{main_cpu:8.1f} {waited:7.1f} {others:7.1f} {host:6.0f} {unsent:7.0f} "
+                f"{bwd * 1e3:7.1f} {step * 1e3:7.1f}  {top}"
             )
 
 

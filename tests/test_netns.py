@@ -122,3 +122,26 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
         off = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"}
         assert settings["vanilla"] == dict.fromkeys(off)
         assert settings["pace"] == settings["online"] == settings["local"] == off
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+def test_a_horovod_launch_runs_another_script_on_both_ranks(tmp_path: Path) -> None:
+    """The rendezvous driver starts the script it is given (bench_sync_forward.py's worker
+    here), not this module, in both namespaces."""
+    pytest.importorskip("horovod.torch")
+    from benchmarks import bench_sync_forward
+
+    argv = ["--worker", "--batch", "2", "--blocks", "1", "--steps-per-block", "1"]
+    with throttled_link() as link:
+        set_rate(link, "1gbit")
+        launch(link, "horovod", [*argv, "--out", str(tmp_path)], script=bench_sync_forward.__file__)
+    for r in (0, 1):
+        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert set(res) == set(bench_sync_forward.KINDS)
+        for kind in bench_sync_forward.KINDS:
+            values = res[kind]["values"]
+            assert len(values) == len(bench_sync_forward.FIELDS)
+            assert values[0] > 0  # the forward took time
+            # Horovod's threads run beside every forward, `local`'s too.
+            assert any(name.startswith("horovod") for name, _, _ in res[kind]["top"])
