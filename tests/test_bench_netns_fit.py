@@ -407,3 +407,36 @@ def test_the_runtimes_replay_is_predicted_as_the_runtime_issues_its_units() -> N
     assert strict > contract
     predicted = bench_netns.simulate_variants(trace, schedule, schedule, "torch")["pace"][0]
     assert predicted == pytest.approx(strict)
+
+
+def test_the_sync_forward_over_locals_is_charged_to_the_sync_mode_alone(
+    vgg: tuple[Trace, Interference, tuple[object, object]],
+) -> None:
+    trace, probe, schedules = vgg
+    # Rank 0's phase medians (forward, backward, step; ms) as a launch wrote them.
+    phases = {
+        "local": (140.0, 300.0, 20.0),
+        "pace-sync": (159.0, 600.0, 30.0),
+        "pace": (400.0, 300.0, 0.1),
+        "vanilla": (150.0, 300.0, 300.0),
+    }
+    assert bench_netns.forwards_over_local_us(phases, "torch") == {}
+    over = bench_netns.forwards_over_local_us(phases, "horovod")
+    assert over == pytest.approx({"pace-sync": 19e3})
+    faster = {**phases, "pace-sync": (131.0, 600.0, 30.0)}  # the spread: kept, not clipped
+    assert bench_netns.forwards_over_local_us(faster, "horovod") == pytest.approx(
+        {"pace-sync": -9e3}
+    )
+    plain = _as_run(probe, {})
+    base = bench_netns.simulate_variants(trace, *schedules, "horovod", as_run=plain)
+    run = dataclasses.replace(plain, forwards_over_us=over)
+    charged = bench_netns.simulate_variants(trace, *schedules, "horovod", as_run=run)
+    assert charged["pace-sync"][0] == pytest.approx(base["pace-sync"][0] + 19.0)
+    assert charged["pace-sync"][1] == base["pace-sync"][1]  # the channel is the replay's
+    assert {k: v for k, v in charged.items() if k != "pace-sync"} == {
+        k: v for k, v in base.items() if k != "pace-sync"
+    }
+    # The calibration's fit of the compute loss takes it as given, as the measured steps.
+    periods = _periods(trace, schedules, run)
+    fitted = bench_netns.fit_compute_loss(trace, schedules, "torch", run, periods)
+    assert fitted.forwards_over_us == over
