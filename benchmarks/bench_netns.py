@@ -1293,12 +1293,12 @@ def calibrate_handoff(
     steps_us = {k: p[2] * 1e3 for k, p in phases.items() if k in step_measured(backend)}
     forwards_over_us = forwards_over_local_us(phases, backend)
     in_job_step_ms = _local_ms(periods)["local"] / _compute_us(trace) * _step_us(trace)
+    over = ", ".join(f"{k} {us / 1e3:+.1f} ms" for k, us in forwards_over_us.items())
     _say(
         "    the step on the training thread: "
         + ", ".join(f"{k} {us / 1e3:.1f} ms" for k, us in steps_us.items())
-        + f" (the profile's, scaled to `local`: {in_job_step_ms:.1f} ms); the forward over "
-        + "`local`'s: "
-        + ", ".join(f"{k} {us / 1e3:+.1f} ms" for k, us in forwards_over_us.items())
+        + f" (the profile's, scaled to `local`: {in_job_step_ms:.1f} ms)"
+        + (f"; the forward over `local`'s: {over}" if over else "")
     )
     base = AsRun(
         terms={"*": channel, "vanilla": terms.get("vanilla", term)},
