@@ -80,3 +80,8 @@ def horovodrun_loopback(script: str, worker_args: list[str]) -> str:
         timeout=1800,
     )
     return out.stdout
+
+
+def env_pairs(text: str) -> dict[str, str]:
+    """``K=V,K2=V2`` (a ``--horovod-env`` value) as a dict; empty text, no settings."""
+    return dict(kv.split("=", 1) for kv in text.split(",") if kv)

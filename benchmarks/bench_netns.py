@@ -84,7 +84,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from benchmarks._common import compute_only_us  # noqa: E402
+from benchmarks._common import compute_only_us, env_pairs  # noqa: E402
 
 MODEL = "pace:vgg-cifar"
 NUM_CLASSES = 10
@@ -1872,7 +1872,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Horovod settings for the pace launch on top of the runtime's (an experiment)",
     )
     args, rest = ap.parse_known_args(argv)
-    _HOROVOD_OVERRIDES.update(dict(kv.split("=", 1) for kv in args.horovod_env.split(",") if kv))
+    _HOROVOD_OVERRIDES.update(env_pairs(args.horovod_env))
     if args.role == "main" and REINIT_CRASHES.intersection(_HOROVOD_OVERRIDES):
         _say(REINIT_WARNING)
     if args.role == "hvd-driver":

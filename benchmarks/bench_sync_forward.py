@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from benchmarks._common import horovodrun_loopback  # noqa: E402
+from benchmarks._common import env_pairs, horovodrun_loopback  # noqa: E402
 
 KINDS = ("local", "vanilla-nofusion", "pace-sync")
 # Per iteration: forward s, forward minor faults, backward s, step s, then over the forward:
@@ -231,17 +231,14 @@ def worker(args: argparse.Namespace) -> None:
 def _launch(args: argparse.Namespace, out: Path) -> None:
     worker_args = ["--batch", str(args.batch), "--blocks", str(args.blocks)]
     worker_args += ["--steps-per-block", str(args.steps_per_block), "--out", str(out)]
-    extra = dict(kv.split("=", 1) for kv in args.horovod_env.split(",") if kv)
+    extra = env_pairs(args.horovod_env)
     if not args.rate:
         os.environ.update(extra)
         horovodrun_loopback(__file__, worker_args)
         return
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
         raise SystemExit("bench_sync_forward: --rate needs root and iproute2 (ip, tc)")
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    import bench_netns as netns
+    from benchmarks import bench_netns as netns
 
     with netns.throttled_link() as link:
         netns.set_rate(link, args.rate)
