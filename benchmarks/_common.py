@@ -85,3 +85,16 @@ def horovodrun_loopback(script: str, worker_args: list[str]) -> str:
 def env_pairs(text: str) -> dict[str, str]:
     """``K=V,K2=V2`` (a ``--horovod-env`` value) as a dict; empty text, no settings."""
     return dict(kv.split("=", 1) for kv in text.split(",") if kv)
+
+
+_TICK_MS = 1e3 / os.sysconf("SC_CLK_TCK")
+
+
+def host_busy_ms() -> float:
+    """Core-milliseconds the whole host has spent busy since boot (``/proc/stat``'s cpu line:
+    user, nice, system, irq, softirq; not idle or iowait, and not steal, the time the
+    hypervisor ran something else: that is no work of this host's). Clock ticks: coarse."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq = ticks[:7]
+    return (user + nice + system + irq + softirq) * _TICK_MS

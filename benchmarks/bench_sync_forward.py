@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from benchmarks._common import env_pairs, horovodrun_loopback  # noqa: E402
+from benchmarks._common import env_pairs, horovodrun_loopback, host_busy_ms  # noqa: E402
 
 KINDS = ("local", "vanilla-nofusion", "pace-sync")
 # Per iteration: forward s, forward minor faults, backward s, step s, then over the forward:
@@ -52,7 +52,6 @@ KINDS = ("local", "vanilla-nofusion", "pace-sync")
 # busy core-ms.
 FIELDS = ("fwd", "faults", "bwd", "step", "main_cpu", "main_wait", "others_cpu", "host_busy")
 FIELDS += ("unsent_kib",)  # at the forward's start
-TICK_MS = 1e3 / os.sysconf("SC_CLK_TCK")
 
 
 def _threads_ns() -> dict[int, tuple[str, int, int, int]]:
@@ -83,14 +82,6 @@ def _unsent_kib() -> float:
             continue
         total += sum(int(row.split()[4].split(":")[0], 16) for row in rows)
     return total / 1024
-
-
-def _host_busy_ms() -> float:
-    """Busy core-milliseconds of the whole host since boot (``/proc/stat``'s cpu line)."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle, iowait
-    return (sum(ticks[:8]) - idle) * TICK_MS
 
 
 def _sync_schedule(model: Any) -> Any:
@@ -171,13 +162,13 @@ def worker(args: argparse.Namespace) -> None:
         for _ in range(steps):
             opt.zero_grad()
             unsent = _unsent_kib()
-            threads0, host0 = _threads_ns(), _host_busy_ms()
+            threads0, host0 = _threads_ns(), host_busy_ms()
             faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
             loss = functional.cross_entropy(model(x), y)
             t1 = time.perf_counter()
             faults1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            threads1, host1 = _threads_ns(), _host_busy_ms()
+            threads1, host1 = _threads_ns(), host_busy_ms()
             loss.backward()
             t2 = time.perf_counter()
             opt.step()

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from benchmarks import bench_netns, bench_sync_forward
+from benchmarks._common import host_busy_ms
 
 
 def _spin(seconds: float) -> None:
@@ -31,13 +32,13 @@ def test_thread_accounting_charges_the_thread_that_ran() -> None:
         time.sleep(0.5)  # still alive when the second reading is taken
 
     before = bench_sync_forward._threads_ns()
-    busy_before = bench_sync_forward._host_busy_ms()
+    busy_before = host_busy_ms()
     t = threading.Thread(target=work)
     t.start()
     _spin(0.05)
     time.sleep(0.1)
     after = bench_sync_forward._threads_ns()
-    busy_after = bench_sync_forward._host_busy_ms()
+    busy_after = host_busy_ms()
     t.join()
     assert me in before
     assert me in after
