@@ -84,7 +84,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from benchmarks._common import compute_only_us, env_pairs  # noqa: E402
+from benchmarks._common import compute_only_us, env_pairs, host_busy_ms  # noqa: E402
 
 MODEL = "pace:vgg-cifar"
 NUM_CLASSES = 10
@@ -526,9 +526,11 @@ def worker_train(args: argparse.Namespace) -> None:
         if log is not None:
             log.timing = timed
         starts = []
+        busy_ms = []
         for i in range(steps + 1):
             t0 = time.perf_counter()
             starts.append(t0)
+            busy_ms.append(host_busy_ms())
             opt.zero_grad()
             loss = functional.cross_entropy(model(x), y)
             t1 = time.perf_counter()
@@ -539,9 +541,13 @@ def worker_train(args: argparse.Namespace) -> None:
                 phases[kind].append((t1 - t0, t2 - t1, time.perf_counter() - t2))
         if kind in RUNTIME_VARIANTS:
             opt.synchronize()  # drain before the next variant's block (vanilla's step() did)
+        if timed:  # how busy the host's cores were over the measured periods (cpu_floor_ms)
+            cpu[kind].append((busy_ms[-1] - busy_ms[0], (starts[-1] - starts[0]) * 1e3, steps))
         return [b - a for a, b in itertools.pairwise(starts)]
 
     phases: dict[str, list[tuple[float, float, float]]] = {k: [] for k in kinds}
+    # Per timed block: the host's busy core-ms, the block's wall ms, its periods.
+    cpu: dict[str, list[tuple[float, float, int]]] = {k: [] for k in kinds}
 
     for k in kinds:
         block(k, 2, timed=False)  # warm-up (DDP rebuilds its buckets after the first iteration)
@@ -560,6 +566,7 @@ def worker_train(args: argparse.Namespace) -> None:
     if rank == 0:
         Path(args.out).write_text(json.dumps(periods))
         Path(f"{args.out}.phases").write_text(json.dumps(phases))
+        Path(f"{args.out}.cpu").write_text(json.dumps(cpu))
         if settings_seen:
             Path(f"{args.out}.settings").write_text(json.dumps(settings_seen))
 
@@ -625,6 +632,14 @@ class Row:
     # itself moves between two launches on this shared host. No prediction made from that
     # launch can be expected nearer than this.
     repeat_ms: float | None = None
+    # The host's busy core-ms per iteration over this variant's timed blocks (both ranks, and
+    # the kernel's network work), and the fraction of the host's cores that was.
+    cpu_ms: float | None = None
+    cores_busy: float | None = None
+    # No schedule that costs the cores as much as the cheapest communicating variant of this
+    # launch beats this (``cpu_floor_ms``): where vanilla already keeps the cores busy,
+    # overlapping its communication has no idle core to fill.
+    cpu_floor_ms: float | None = None
 
 
 def profile_trace(batch: int, out: Path) -> Any:
@@ -1048,6 +1063,11 @@ def measure(args: argparse.Namespace) -> list[Row]:
                         *programs,
                     )
                     _report_units(tmp / f"train-{backend}.json.pace.units", comm, result.schedule)
+                    cores = os.cpu_count() or 1
+                    cpu = read_cpu(tmp / f"train-{backend}.json.cpu", cores)
+                    floor_ms = cpu_floor_ms(cpu, cores)
+                    for kind, (core_ms, busy) in cpu.items():
+                        _say(f"    {kind}: {core_ms:.0f} core-ms per iteration, {busy:.0%} busy")
                     iterations = args.blocks * (args.steps + 1)
                     repeat = (
                         repeat_ms(cal, {"pace": result.schedule, "pace-sync": sync})
@@ -1073,6 +1093,9 @@ def measure(args: argparse.Namespace) -> list[Row]:
                                 predicted_channel_ms=sims.get(variant, (0.0, None))[1],
                                 calibrated_ms=calibrated.get(variant),
                                 repeat_ms=repeat.get(variant),
+                                cpu_ms=cpu.get(variant, (None, None))[0],
+                                cores_busy=cpu.get(variant, (None, None))[1],
+                                cpu_floor_ms=floor_ms,
                             )
                         )
                     _print_rows([r for r in rows if r.rate == rate and r.backend == backend])
@@ -1147,6 +1170,33 @@ def read_launch(path: Path, ranks: int = RANKS) -> dict[str, list[float]]:
                 f"({slower / rank0 - 1.0:+.1%})"
             )
     return out
+
+
+def read_cpu(path: Path, cores: int) -> dict[str, tuple[float, float]]:
+    """Per variant of a training launch (``worker_train``'s ``.cpu`` file): the host's busy
+    core-ms per iteration and the fraction of its ``cores`` busy, over the timed blocks."""
+    out = {}
+    for kind, blocks in json.loads(path.read_text()).items():
+        busy_ms = sum(b for b, _, _ in blocks)
+        wall_ms = sum(w for _, w, _ in blocks)
+        iterations = sum(n for _, _, n in blocks)
+        if iterations and wall_ms > 0:
+            out[kind] = (busy_ms / iterations, busy_ms / (cores * wall_ms))
+    return out
+
+
+def cpu_floor_ms(cpu: dict[str, tuple[float, float]], cores: int) -> float | None:
+    """The least busy core-ms per iteration of any variant that communicates (all but the
+    `local` runs), spread over the host's ``cores``.
+
+    Both ranks share the host: an iteration that needs ``W`` core-ms of the host (the two
+    training threads, Horovod's or gloo's threads, the kernel's TCP, veth and tc work) takes
+    at least ``W / cores``. Moving the same bytes costs about the same CPU in any order, so a
+    schedule that costs the cores no less than the cheapest measured one is no faster than
+    this. It is a floor of the measured programs, not a theorem: a runtime that needed less
+    CPU per byte or per call could go below it."""
+    costs = [ms for kind, (ms, _) in cpu.items() if not kind.startswith("local")]
+    return min(costs) / cores if costs else None
 
 
 def slower_rank(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, list[float]]:
@@ -1783,7 +1833,7 @@ def _print_goal(rows: Sequence[Row], *, markdown: bool = False) -> None:
     and the most any schedule could gain (vanilla measured / the bound)."""
     by = {(r.rate, r.backend, r.variant): r for r in rows}
     head = ["rate", "backend", "vanilla ms (IQR)", "local ms", "exposed", "pace ms (IQR)"]
-    head += ["speed-up", "bound ms", "max speed-up"]
+    head += ["speed-up", "bound ms", "vanilla's cores busy", "CPU floor ms", "max speed-up"]
     lines = []
     for rate, backend in dict.fromkeys((r.rate, r.backend) for r in rows):
         keys = ("vanilla", local_of("vanilla", backend), "pace")
@@ -1796,7 +1846,10 @@ def _print_goal(rows: Sequence[Row], *, markdown: bool = False) -> None:
             f"{p.measured_ms:.1f} ({p.spread_ms:.0f})",
             f"{v.measured_ms / p.measured_ms:.3f}x",
         ]
-        cells += [_ms(p.bound_ms), f"{v.measured_ms / p.bound_ms:.3f}x" if p.bound_ms else "-"]
+        busy = f"{v.cores_busy:.0%}" if v.cores_busy is not None else "-"
+        cells += [_ms(p.bound_ms), busy, _ms(p.cpu_floor_ms)]
+        most = max((b for b in (p.bound_ms, p.cpu_floor_ms) if b), default=None)
+        cells += [f"{v.measured_ms / most:.3f}x" if most else "-"]
         lines.append(cells)
     _print_table(head, lines, markdown=markdown)
 
@@ -1903,7 +1956,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "vanilla's exposed communication (its time over local's) and pace's speed-up, against "
         "the most any schedule could gain: bound = the zero-overhead optimal preemptive "
         "makespan on the fitted link, or the interference bound under the pace launch's term "
-        "where higher (the overlapped mode updates in the background: no step)"
+        "where higher (the overlapped mode updates in the background: no step); CPU floor = "
+        "the least busy core-ms per iteration of a communicating variant in the timed launch "
+        "(the whole host: both ranks and the kernel's network work), over the host's cores; "
+        "max speed-up = vanilla over the higher of the two"
     )
     _print_goal(rows, markdown=args.markdown)
     print()

@@ -115,6 +115,11 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
         merged = bench_netns.merged_units(logs)
         assert merged
         assert all(us > 0 for _, us in merged)
+    # The host's cores were busy in every variant's blocks (two ranks training on them), and
+    # no more than all of them.
+    cpu = bench_netns.read_cpu(Path(f"{out}.cpu"), os.cpu_count() or 1)
+    assert set(cpu) == set(periods)
+    assert all(core_ms > 0 and 0 < busy <= 1.1 for core_ms, busy in cpu.values())  # ticks
     if backend == "horovod":
         # One launch: vanilla's blocks re-initialised Horovod with its defaults, the others
         # with the runtime's fusion and cache off.

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.bench_netns import Row, ranking_agreement
+from benchmarks.bench_netns import Row, _print_goal, cpu_floor_ms, ranking_agreement, read_cpu
 
 
 def _row(variant: str, measured: float, iqr: float, predicted: float, rate: str = "1gbit") -> Row:
@@ -50,3 +55,51 @@ def test_every_pair_is_counted_once_and_a_perfect_model_always_agrees(
     assert len(agree) + len(against) + close == n * (n - 1) // 2
     exact = [_row(f"v{i}", m, iqr, m) for i, (m, iqr, _) in enumerate(cells)]
     assert ranking_agreement(exact)[1] == []
+
+
+def test_the_cpu_file_gives_core_ms_per_iteration_and_the_busy_fraction(tmp_path: Path) -> None:
+    # Two blocks of one variant: 900 + 1100 busy core-ms over 1000 + 1000 ms of wall for 4 + 4
+    # periods on 2 cores.
+    path = tmp_path / "train.json.cpu"
+    path.write_text(json.dumps({"pace": [[900.0, 1000.0, 4], [1100.0, 1000.0, 4]]}))
+    assert read_cpu(path, cores=2) == {"pace": (250.0, 0.5)}
+
+
+core_ms = st.floats(1.0, 1e4)
+
+
+@given(
+    st.dictionaries(st.sampled_from(["vanilla", "online", "pace", "pace-sync"]), core_ms),
+    st.dictionaries(st.sampled_from(["local", "local@vanilla"]), core_ms),
+    st.integers(1, 64),
+)
+def test_the_cpu_floor_is_the_cheapest_communicating_variant_over_the_cores(
+    communicating: dict[str, float], local: dict[str, float], cores: int
+) -> None:
+    cpu = {k: (ms, 0.5) for k, ms in (communicating | local).items()}
+    floor = cpu_floor_ms(cpu, cores)
+    if not communicating:
+        assert floor is None  # `local` moves no bytes: it is no floor for a schedule
+        return
+    assert floor is not None
+    assert floor == min(communicating.values()) / cores
+    assert all(floor <= ms / cores for ms in communicating.values())
+
+
+def test_the_goal_table_takes_the_higher_of_the_link_bound_and_the_cpu_floor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def row(variant: str, measured: float, **kw: float) -> Row:
+        return dataclasses.replace(_row(variant, measured, 10.0, measured), **kw)
+
+    for floor, most in ((400.0, 500.0), (550.0, 550.0)):
+        rows = [
+            row("vanilla", 600.0, cores_busy=0.9),
+            row("local", 450.0),
+            row("pace", 520.0, bound_ms=500.0, cpu_floor_ms=floor),
+        ]
+        _print_goal(rows)
+        out = capsys.readouterr().out
+        assert f"{600.0 / 520.0:.3f}x" in out  # the speed-up
+        assert f"{600.0 / most:.3f}x" in out  # the most any schedule could gain
+        assert "90%" in out
