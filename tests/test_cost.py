@@ -6,7 +6,7 @@ import doctest
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import pace.cost
@@ -129,6 +129,8 @@ def test_what_if_identity_and_single_worker() -> None:
     beta=st.floats(1e-6, 1e-2),
     seed=st.integers(0, 2**31 - 1),
 )
+# The bytes term only 57% of the largest messages' cost: 1% noise moved the slope by 2.0%.
+@example(alpha=482.0, beta=1e-5, seed=247692793)
 def test_fit_recovers_known_model_from_noisy_samples(alpha: float, beta: float, seed: int) -> None:
     rng = np.random.default_rng(seed)
     sizes = [int(s) for s in np.geomspace(4, 64e6, 24)] * 3
@@ -141,9 +143,10 @@ def test_fit_recovers_known_model_from_noisy_samples(alpha: float, beta: float, 
     for size in sizes[:24]:
         true_us = alpha + beta * size
         assert model.cost_us(size) == pytest.approx(true_us, rel=0.03, abs=1e-9)
-    # Each coefficient is recovered where it is identifiable: beta when the bytes term is a
-    # visible part of the largest messages, alpha to the noise level of the smallest ones.
-    if beta * sizes[23] >= alpha:
+    # Each coefficient is recovered where it is identifiable: beta to 2% when the bytes term
+    # is most (4/5) of the largest messages' cost (where it is barely half, 1% noise on the
+    # samples moves the slope by 2%), alpha to the noise level of the smallest ones.
+    if beta * sizes[23] >= 4 * alpha:
         assert model.beta_us_per_byte == pytest.approx(beta, rel=0.02)
     assert abs(model.alpha_us - alpha) <= 0.03 * (alpha + beta * 4) + 1e-9
     assert quality.n_samples == len(samples)
