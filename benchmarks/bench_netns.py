@@ -526,11 +526,12 @@ def worker_train(args: argparse.Namespace) -> None:
         if log is not None:
             log.timing = timed
         starts = []
-        busy_ms = []
+        busy_ms = []  # at the first and the last start: all the block's CPU reading needs
         for i in range(steps + 1):
             t0 = time.perf_counter()
             starts.append(t0)
-            busy_ms.append(host_busy_ms())
+            if timed and i in (0, steps):
+                busy_ms.append(host_busy_ms())
             opt.zero_grad()
             loss = functional.cross_entropy(model(x), y)
             t1 = time.perf_counter()
@@ -632,9 +633,8 @@ class Row:
     # itself moves between two launches on this shared host. No prediction made from that
     # launch can be expected nearer than this.
     repeat_ms: float | None = None
-    # The host's busy core-ms per iteration over this variant's timed blocks (both ranks, and
-    # the kernel's network work), and the fraction of the host's cores that was.
-    cpu_ms: float | None = None
+    # The fraction of the host's cores busy over this variant's timed blocks (both ranks, and
+    # the kernel's network work).
     cores_busy: float | None = None
     # No schedule that costs the cores as much as the cheapest communicating variant of this
     # launch beats this (``cpu_floor_ms``): where vanilla already keeps the cores busy,
@@ -1065,10 +1065,8 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     _report_units(tmp / f"train-{backend}.json.pace.units", comm, result.schedule)
                     cores = os.cpu_count() or 1
                     cpu = read_cpu(tmp / f"train-{backend}.json.cpu", cores)
-                    floor_ms = cpu_floor_ms(
-                        {k: busy for k, (_, busy) in cpu.items()},
-                        {k: statistics.median(p) * 1e3 for k, p in measured.items()},
-                    )
+                    median_ms = {k: statistics.median(p) * 1e3 for k, p in measured.items()}
+                    floor_ms = cpu_floor_ms({k: busy for k, (_, busy) in cpu.items()}, median_ms)
                     for kind, (core_ms, busy) in cpu.items():
                         _say(f"    {kind}: {core_ms:.0f} core-ms per iteration, {busy:.1%} busy")
                     iterations = args.blocks * (args.steps + 1)
@@ -1084,7 +1082,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                                 rate=rate,
                                 backend=backend,
                                 variant=variant,
-                                measured_ms=statistics.median(periods) * 1e3,
+                                measured_ms=median_ms[variant],
                                 spread_ms=(q[2] - q[0]) * 1e3,
                                 median_ci_ms=median_ci_ms(periods),
                                 predicted_ms=pred.get(variant),
@@ -1096,7 +1094,6 @@ def measure(args: argparse.Namespace) -> list[Row]:
                                 predicted_channel_ms=sims.get(variant, (0.0, None))[1],
                                 calibrated_ms=calibrated.get(variant),
                                 repeat_ms=repeat.get(variant),
-                                cpu_ms=cpu.get(variant, (None, None))[0],
                                 cores_busy=cpu.get(variant, (None, None))[1],
                                 cpu_floor_ms=floor_ms,
                             )
