@@ -34,7 +34,9 @@ Per rate, per backend:
    (``--no-handoff``: the profile's).
 5. **train**: the variants, in blocks alternating within one launch so slow drift of the shared
    machine hits all alike; per-iteration periods (start of one step to the start of the next),
-   median over all blocks. Horovod's vanilla run uses Horovod's defaults (tensor fusion,
+   median over all blocks. A block's first iteration is not counted (``LEAD_IN``): it starts
+   with nothing in flight, where in the overlapped modes every later one waits for the last
+   one's reductions. Horovod's vanilla run uses Horovod's defaults (tensor fusion,
    response cache); every other variant runs with fusion and cache off, as the pace runtime
    requires. Both are in the same launch: the ranks re-initialise Horovod (``hvd.shutdown()``,
    then ``hvd.init()`` under the other settings) where the blocks switch between the two.
@@ -126,6 +128,20 @@ SYNC_VARIANTS = frozenset({"pace-sync", f"pace-sync{AGAIN}"})
 # 0.1 ms (the workers' phase times), so the profiled step is not added to their period. DDP,
 # Horovod and the sync mode run the optimizer's step on the training thread after backward.
 STEP_IN_BACKGROUND = RUNTIME_VARIANTS - SYNC_VARIANTS
+# Iterations a timed block runs before its first counted period starts. A block begins with
+# nothing in flight (the block before drained), so its first iteration's forward waits for no
+# reduction: in the overlapped modes (pace, online) that iteration is the steady state's minus
+# the wait for the last iteration's units, which no training loop but the first iteration sees.
+# Counted, it was one period in `steps` and pulled their medians down (`lead_in_report`).
+LEAD_IN = 1
+
+
+def iterations_per_block(steps: int) -> int:
+    """The iterations a block runs: the lead-in, the ``steps`` counted, and the one whose start
+    ends the last counted period (its units are drained, not counted)."""
+    return LEAD_IN + steps + 1
+
+
 LAUNCH_TIMEOUT_S = 1800.0
 NETNS_ETC = Path("/etc/netns")  # per-namespace /etc overrides of `ip netns exec`
 
@@ -526,11 +542,12 @@ def worker_train(args: argparse.Namespace) -> None:
         if log is not None:
             log.timing = timed
         starts = []
-        busy_ms = []  # at the first and the last start: all the block's CPU reading needs
-        for i in range(steps + 1):
+        busy_ms = []  # at the first and the last timed start: all the block's CPU reading needs
+        timed_starts = (LEAD_IN, LEAD_IN + steps)
+        for i in range(iterations_per_block(steps)):
             t0 = time.perf_counter()
             starts.append(t0)
-            if timed and i in (0, steps):
+            if timed and i in timed_starts:
                 busy_ms.append(host_busy_ms())
             opt.zero_grad()
             loss = functional.cross_entropy(model(x), y)
@@ -538,15 +555,19 @@ def worker_train(args: argparse.Namespace) -> None:
             loss.backward()  # type: ignore[no-untyped-call]
             t2 = time.perf_counter()
             opt.step()
-            if timed and i < steps:  # where each measured period went (forward, backward, step)
+            if timed and LEAD_IN <= i < LEAD_IN + steps:  # where each period went
                 phases[kind].append((t1 - t0, t2 - t1, time.perf_counter() - t2))
         if kind in RUNTIME_VARIANTS:
             opt.synchronize()  # drain before the next variant's block (vanilla's step() did)
+        counted = starts[LEAD_IN:]
         if timed:  # how busy the host's cores were over the measured periods (cpu_floor_ms)
-            cpu[kind].append((busy_ms[-1] - busy_ms[0], (starts[-1] - starts[0]) * 1e3, steps))
-        return [b - a for a, b in itertools.pairwise(starts)]
+            cpu[kind].append((busy_ms[-1] - busy_ms[0], (counted[-1] - counted[0]) * 1e3, steps))
+            lead_in[kind] += [b - a for a, b in itertools.pairwise(starts[: LEAD_IN + 1])]
+        return [b - a for a, b in itertools.pairwise(counted)]
 
     phases: dict[str, list[tuple[float, float, float]]] = {k: [] for k in kinds}
+    # Per variant, the timed blocks' lead-in periods (not counted; ``LEAD_IN``).
+    lead_in: dict[str, list[float]] = {k: [] for k in kinds}
     # Per timed block: the host's busy core-ms, the block's wall ms, its periods.
     cpu: dict[str, list[tuple[float, float, int]]] = {k: [] for k in kinds}
 
@@ -568,6 +589,7 @@ def worker_train(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps(periods))
         Path(f"{args.out}.phases").write_text(json.dumps(phases))
         Path(f"{args.out}.cpu").write_text(json.dumps(cpu))
+        Path(f"{args.out}.lead_in").write_text(json.dumps(lead_in))
         if settings_seen:
             Path(f"{args.out}.settings").write_text(json.dumps(settings_seen))
 
@@ -1069,7 +1091,8 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     floor_ms = cpu_floor_ms({k: busy for k, (_, busy) in cpu.items()}, median_ms)
                     for kind, (core_ms, busy) in cpu.items():
                         _say(f"    {kind}: {core_ms:.0f} core-ms per iteration, {busy:.1%} busy")
-                    iterations = args.blocks * (args.steps + 1)
+                    _say(lead_in_report(tmp / f"train-{backend}.json.lead_in", median_ms))
+                    iterations = args.blocks * iterations_per_block(args.steps)
                     repeat = (
                         repeat_ms(cal, {"pace": result.schedule, "pace-sync": sync})
                         if cal is not None
@@ -1183,6 +1206,14 @@ def read_cpu(path: Path, cores: int) -> dict[str, tuple[float, float]]:
         if iterations and wall_ms > 0:
             out[kind] = (busy_ms / iterations, busy_ms / (cores * wall_ms))
     return out
+
+
+def lead_in_report(path: Path, median_ms: dict[str, float]) -> str:
+    """What the uncounted lead-in periods (``LEAD_IN``) took, per variant, beside the counted
+    median (``median_ms``): how far counting them would have moved each variant."""
+    lead = {k: statistics.median(v) * 1e3 for k, v in json.loads(path.read_text()).items() if v}
+    parts = [f"{k} {ms:.0f} ({ms / median_ms[k] - 1.0:+.0%})" for k, ms in lead.items()]
+    return "    a block's first iteration (not counted), against the median: " + ", ".join(parts)
 
 
 def cpu_floor_ms(cores_busy: dict[str, float], median_ms: dict[str, float]) -> float | None:

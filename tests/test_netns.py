@@ -92,7 +92,8 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
     trace = bench_netns.profile_trace(2, tmp_path / "vgg.trace.json.gz")
     sched = tmp_path / "vgg.schedule.json"
     comm = CommModel(workers=2, alpha_us=500.0, beta_us_per_byte=8e-3)
-    save_schedule(compile_trace(dataclasses.replace(trace, comm=comm)).schedule, sched)
+    schedule = compile_trace(dataclasses.replace(trace, comm=comm)).schedule
+    save_schedule(schedule, sched)
     out = tmp_path / "periods.json"
     argv = ["--role", "train", "--backend", backend, "--schedule", str(sched)]
     argv += ["--batch", "2", "--blocks", "2", "--steps", "2", "--out", str(out)]
@@ -103,6 +104,9 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
     periods = json.loads(out.read_text())
     assert set(periods) == {"vanilla", "online", "pace", "local"}
     assert all(len(v) == 4 and all(p > 0 for p in v) for v in periods.values())
+    # Each timed block's lead-in iteration (it starts with nothing in flight) is kept apart.
+    lead_in = json.loads(Path(f"{out}.lead_in").read_text())
+    assert {k: len(v) for k, v in lead_in.items()} == dict.fromkeys(periods, 2)
     # Every rank timed its periods; `local` is read per iteration from the slower rank.
     launched = bench_netns.read_launch(out)
     assert launched["pace"] == periods["pace"]
@@ -114,6 +118,9 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
         assert len(logs) == 2
         merged = bench_netns.merged_units(logs)
         assert merged
+        if variant == "pace":  # every iteration a timed block ran, as the per-iteration mean
+            iterations = 2 * bench_netns.iterations_per_block(2)  # divides by
+            assert len(merged) == iterations * len(schedule.units)
         assert all(us > 0 for _, us in merged)
     # The host's cores were busy in every variant's blocks (two ranks training on them), and
     # no more than all of them.
