@@ -1209,9 +1209,9 @@ def read_cpu(path: Path, cores: int) -> dict[str, tuple[float, float]]:
 
 
 def lead_in_report(path: Path, median_ms: dict[str, float]) -> str:
-    """What the uncounted lead-in periods (``LEAD_IN``) took, per variant, beside the counted
-    median (``median_ms``): how much shorter than the steady state a block's first iteration
-    is, which it would have been counted as."""
+    """Per variant, the median of the uncounted lead-in periods (``LEAD_IN``) against the
+    counted median (``median_ms``): how far a block's first iteration is from the steady
+    state."""
     lead = {k: statistics.median(v) * 1e3 for k, v in json.loads(path.read_text()).items() if v}
     parts = [f"{k} {ms:.0f} ({ms / median_ms[k] - 1.0:+.0%})" for k, ms in lead.items()]
     return "    a block's first iteration (not counted), against the median: " + ", ".join(parts)

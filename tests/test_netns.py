@@ -118,9 +118,11 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
         assert len(logs) == 2
         merged = bench_netns.merged_units(logs)
         assert merged
-        if variant == "pace":  # every iteration of the timed blocks, lead-in and last too:
-            iterations = 2 * bench_netns.iterations_per_block(2)  # what the channel time per
-            assert len(merged) == iterations * len(schedule.units)  # iteration divides by
+        # Every iteration of the timed blocks logged its units, the lead-in and the last too:
+        # what the channel time per iteration divides by.
+        if variant == "pace":
+            iterations = 2 * bench_netns.iterations_per_block(2)
+            assert len(merged) == iterations * len(schedule.units)
         assert all(us > 0 for _, us in merged)
     # The host's cores were busy in every variant's blocks (two ranks training on them), and
     # no more than all of them.
