@@ -63,6 +63,7 @@ could start it to when the last rank saw it done (``merged_units``).
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import dataclasses
 import functools
@@ -80,7 +81,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -446,10 +447,13 @@ def worker_interference(args: argparse.Namespace) -> None:
 class UnitLog:
     """A runtime monitor that keeps, per unit, its bytes, its channel time on this rank (us)
     and when this rank saw it done (``time.perf_counter()``, s: one clock for every rank of
-    the host, so the ranks' logs line up; ``merged_units``)."""
+    the host, so the ranks' logs line up; ``merged_units``). The worker adds, per iteration of
+    the same blocks, when its forward started and ended and its backward ended (``marks``, the
+    same clock): where the channel idled between units (``measured_idle``)."""
 
     def __init__(self) -> None:
         self.done: list[tuple[int, float, float]] = []
+        self.marks: list[tuple[float, float, float]] = []
         self.timing = True  # off during warm-up: only the measured blocks' units count
 
     def on_grad_ready(self, tensor: int, t_us: float) -> None:
@@ -554,6 +558,8 @@ def worker_train(args: argparse.Namespace) -> None:
             t1 = time.perf_counter()
             loss.backward()  # type: ignore[no-untyped-call]
             t2 = time.perf_counter()
+            if timed and log is not None:
+                log.marks.append((t0, t1, t2))
             opt.step()
             if timed and LEAD_IN <= i < LEAD_IN + steps:  # where each period went
                 phases[kind].append((t1 - t0, t2 - t1, time.perf_counter() - t2))
@@ -585,6 +591,7 @@ def worker_train(args: argparse.Namespace) -> None:
     Path(f"{args.out}.rank{rank}").write_text(json.dumps(periods))
     for kind, log in unit_logs.items():  # what each unit held the channel for (merged_units)
         Path(f"{args.out}.{kind}.units.rank{rank}").write_text(json.dumps(log.done))
+        Path(f"{args.out}.{kind}.marks.rank{rank}").write_text(json.dumps(log.marks))
     if rank == 0:
         Path(args.out).write_text(json.dumps(periods))
         Path(f"{args.out}.phases").write_text(json.dumps(phases))
@@ -645,6 +652,10 @@ class Row:
     # the communication or the computation was slower than the model.
     channel_ms: float | None = None
     predicted_channel_ms: float | None = None
+    # The overlapped modes: where their channel idled in an iteration, measured (the unit logs
+    # and the iterations' marks, ``measured_idle``) and in the replay (``replay_idle``).
+    idle: IdleSplit | None = None
+    predicted_idle: IdleSplit | None = None
     # The same replay with the compute measured under the variant's own settings (its `local`
     # run: the profile's compute scaled to it, the backend's idle loss included): the model of
     # communication and interference alone, without the shared machine's drift since the
@@ -782,6 +793,46 @@ class AsRun:
         return self.terms.get(variant, self.terms.get("*"))
 
 
+@dataclass(frozen=True)
+class IdleSplit:
+    """Where the channel idled in an iteration of an overlapped mode (pace, online), ms:
+
+    - ``tail``: from the end of the last iteration's last unit to the end of the forward that
+      waited for it (the forward after that unit; measured, also the runtime's wake-up and
+      the update of its parameters);
+    - ``head``: from there to the start of this iteration's first unit (the loss, the backward
+      until the unit's gradients are ready on every rank; measured, also its issue);
+    - ``within``: between this iteration's units (the next unit's gradients not ready yet).
+
+    The period is the channel's busy time plus these three."""
+
+    tail_ms: float
+    head_ms: float
+    within_ms: float
+
+
+class Predicted(NamedTuple):
+    """A variant's replay (``simulate_variants``): its period and the channel's busy time, ms;
+    for the overlapped modes also where the replay's channel idled (``IdleSplit``)."""
+
+    period_ms: float
+    channel_ms: float
+    idle: IdleSplit | None = None
+
+
+def replay_idle(result: Any) -> IdleSplit:
+    """Where the channel of a replay (``pace.sim``'s result, one unit at a time on the
+    channel) idles: before its first unit (the backward until it is ready), between its units,
+    and after its last one (the forward that waits for it)."""
+    spans = sorted(zip(result.unit_start_us, result.unit_finish_us, strict=True))
+    within = sum(max(0.0, b[0] - a[1]) for a, b in itertools.pairwise(spans))
+    return IdleSplit(
+        tail_ms=(result.iteration_us - spans[-1][1]) / 1e3,
+        head_ms=spans[0][0] / 1e3,
+        within_ms=within / 1e3,
+    )
+
+
 def predictions_ms(
     trace: Any,
     schedule: Any,
@@ -793,7 +844,7 @@ def predictions_ms(
     """The simulator's replay of each variant, plus the optimizer step where the training
     thread runs it (``simulate_variants``)."""
     sims = simulate_variants(trace, schedule, sync_schedule, backend, as_run=as_run)
-    return {k: it for k, (it, _) in sims.items()}
+    return {k: p.period_ms for k, p in sims.items()}
 
 
 def simulate_variants(
@@ -803,10 +854,10 @@ def simulate_variants(
     backend: str,
     *,
     as_run: AsRun | None = None,
-) -> dict[str, tuple[float, float]]:
+) -> dict[str, Predicted]:
     """Per variant, in ms: the predicted period (the replay, plus the step where the training
-    thread runs it: ``STEP_IN_BACKGROUND``) and how long the replay's channel was busy (what
-    the runtime's unit logs measure)."""
+    thread runs it: ``STEP_IN_BACKGROUND``), how long the replay's channel was busy (what
+    the runtime's unit logs measure) and, for the overlapped modes, where it idled."""
     from pace.compiler import sync_trace
     from pace.runtime import ONLINE_CREDIT_BYTES, RuntimeOptions
     from pace.sim import SimOptions, schedule_policy, simulate
@@ -860,17 +911,18 @@ def simulate_variants(
     else:
         sims["vanilla"] = simulate(on("vanilla"), "ddp")
     out = {
-        k: (
+        k: Predicted(
             (r.iteration_us + step(k) + run.forwards_over_us.get(k, 0.0)) / 1e3,
             r.comm_busy_us / 1e3,
+            replay_idle(r) if k in STEP_IN_BACKGROUND and r.units else None,
         )
         for k, r in sims.items()
     }
     # No communication at all: only a backend's idle loss slows compute.
     compute_ms = _compute_us(trace) / 1e3
-    out["local"] = (compute_ms * slow("local"), 0.0)
+    out["local"] = Predicted(compute_ms * slow("local"), 0.0)
     if backend == "horovod":
-        out["local@vanilla"] = (compute_ms * slow("vanilla"), 0.0)
+        out["local@vanilla"] = Predicted(compute_ms * slow("vanilla"), 0.0)
     return out
 
 
@@ -910,7 +962,7 @@ def simulate_in_job(
     *,
     as_run: AsRun,
     local_ms: dict[str, float],
-) -> dict[str, tuple[float, float]]:
+) -> dict[str, Predicted]:
     """``simulate_variants`` with the compute measured in a launch: per variant, the profile
     scaled (``in_job``) to the `local` run under the same settings (``local_of``; ``local_ms``
     by that name). That run already paid the backend's idle loss, so the terms' idle loss is
@@ -919,7 +971,7 @@ def simulate_in_job(
         as_run,
         terms={k: dataclasses.replace(t, idle_loss=0.0) for k, t in as_run.terms.items()},
     )
-    out: dict[str, tuple[float, float]] = {}
+    out: dict[str, Predicted] = {}
     for local, ms in local_ms.items():
         sims = simulate_variants(
             in_job(trace, ms), schedule, sync_schedule, backend, as_run=idle_free
@@ -952,7 +1004,7 @@ def launch_calibrated_ms(
         as_run=as_run,
         local_ms=_local_ms(measured),
     )
-    return {v: period for v, (period, _) in sims.items() if v in measured}
+    return {v: p.period_ms for v, p in sims.items() if v in measured}
 
 
 def measure(args: argparse.Namespace) -> list[Row]:
@@ -1061,12 +1113,12 @@ def measure(args: argparse.Namespace) -> list[Row]:
                             ),
                             *programs,
                         )
-                        sims |= {k: (ms, 0.0) for k, ms in job_local_ms.items()}
+                        sims |= {k: Predicted(ms, 0.0) for k, ms in job_local_ms.items()}
                     else:
                         sims = simulate_variants(
                             trace, result.schedule, sync, backend, as_run=as_run
                         )
-                    pred = {k: it for k, (it, _) in sims.items()}
+                    pred = {k: p.period_ms for k, p in sims.items()}
                     bound_ms = result.lower_bound_us / 1e3
                     independent = of_programs(
                         functools.partial(predictions_ms, trace, backend=backend), *programs
@@ -1114,7 +1166,14 @@ def measure(args: argparse.Namespace) -> list[Row]:
                                 channel_ms=_channel_per_iteration_ms(
                                     tmp / f"train-{backend}.json.{variant}.units", iterations
                                 ),
-                                predicted_channel_ms=sims.get(variant, (0.0, None))[1],
+                                predicted_channel_ms=(
+                                    sims[variant].channel_ms if variant in sims else None
+                                ),
+                                idle=_idle_of(
+                                    tmp / f"train-{backend}.json.{variant}",
+                                    iterations_per_block(args.steps),
+                                ),
+                                predicted_idle=sims[variant].idle if variant in sims else None,
                                 calibrated_ms=calibrated.get(variant),
                                 repeat_ms=repeat.get(variant),
                                 cores_busy=cpu.get(variant, (None, None))[1],
@@ -1281,17 +1340,78 @@ def merged_units(per_rank: Sequence[Sequence[Sequence[float]]]) -> list[tuple[in
     issued as backward ends, which the two ranks reach at different times) and 2.0-5.4 ms
     for the replay's; with torch by 0.5-5.1 ms for both; and within 0.03 ms for the online
     mode's (its pieces go once every rank has said it is ready)."""
+    return [(size, (end_s - start_s) * 1e6) for size, start_s, end_s in merged_spans(per_rank)]
+
+
+def merged_spans(per_rank: Sequence[Sequence[Sequence[float]]]) -> list[tuple[int, float, float]]:
+    """Each unit's ``(bytes, start_s, end_s)`` on the job's channel (``merged_units``): the
+    latest start over the ranks and the latest time a rank saw it done."""
     if len({len(units) for units in per_rank}) != 1:
         raise ValueError("the ranks logged different numbers of units")
-    out: list[tuple[int, float]] = []
+    out: list[tuple[int, float, float]] = []
     for units in zip(*per_rank, strict=True):
         sizes = {int(u[0]) for u in units}
         if len(sizes) != 1:
             raise ValueError(f"the ranks logged one unit with different sizes: {sorted(sizes)}")
         start_s = max(done_s - us / 1e6 for _, us, done_s in units)
         end_s = max(done_s for _, _, done_s in units)
-        out.append((sizes.pop(), (end_s - start_s) * 1e6))
+        out.append((sizes.pop(), start_s, end_s))
     return out
+
+
+def measured_idle(
+    per_rank: Sequence[Sequence[Sequence[float]]],
+    marks: Sequence[Sequence[Sequence[float]]],
+    per_block: int,
+) -> IdleSplit | None:
+    """Where the job's channel idled in an iteration of an overlapped mode: the medians over
+    the iterations that have one before them and one after them in their block (``IdleSplit``);
+    None where no iteration qualifies.
+
+    ``per_rank``: every rank's ``UnitLog.done``; ``marks``: every rank's ``UnitLog.marks``
+    (blocks of ``per_block`` iterations). A unit belongs to the iteration whose backward
+    issued it: every parameter is used in the forward, so the next forward ends only once
+    the unit is done; on rank 0 it is done after that iteration's forward ended and before
+    the next one's did. The channel runs one unit at a time (in order), so an iteration's
+    units are its logged units in order, and the job's channel idles where the next one
+    starts (``merged_spans``) after the last one ended."""
+    if len({len(m) for m in marks}) != 1 or len(marks[0]) % per_block:
+        raise ValueError(f"the ranks' marks are not whole blocks of {per_block} iterations")
+    spans = merged_spans(per_rank)
+    ends0 = [m[1] for m in marks[0]]
+    forward_end = [max(m[i][1] for m in marks) for i in range(len(ends0))]
+    of_iteration: dict[int, list[int]] = {}
+    for i, (_, _, done_s) in enumerate(per_rank[0]):
+        of_iteration.setdefault(bisect.bisect_left(ends0, done_s) - 1, []).append(i)
+    tails, heads, withins = [], [], []
+    for it in range(len(ends0)):
+        if not 1 <= it % per_block <= per_block - 2:
+            continue  # the block's first (nothing before it) and last (drained) iterations
+        before, units = of_iteration.get(it - 1), of_iteration.get(it)
+        if not before or not units:
+            continue
+        tails.append(forward_end[it] - spans[before[-1]][2])
+        heads.append(spans[units[0]][1] - forward_end[it])
+        withins.append(
+            sum(max(0.0, spans[b][1] - spans[a][2]) for a, b in itertools.pairwise(units))
+        )
+    if not tails:
+        return None
+    return IdleSplit(
+        tail_ms=statistics.median(tails) * 1e3,
+        head_ms=statistics.median(heads) * 1e3,
+        within_ms=statistics.median(withins) * 1e3,
+    )
+
+
+def _idle_of(prefix: Path, per_block: int) -> IdleSplit | None:
+    """``measured_idle`` of a runtime variant's logs in a launch (``{prefix}.units.rank{r}``,
+    ``{prefix}.marks.rank{r}``); None where it logged no units."""
+    logs = read_unit_logs(Path(f"{prefix}.units"))
+    if logs is None:
+        return None
+    marks = [json.loads(Path(f"{prefix}.marks.rank{r}").read_text()) for r in range(len(logs))]
+    return measured_idle(logs, marks, per_block)
 
 
 def local_of(variant: str, backend: str) -> str:
@@ -1910,6 +2030,25 @@ def _print_channel(rows: Sequence[Row], *, markdown: bool = False) -> None:
         _print_table(head, lines, markdown=markdown)
 
 
+def _print_idle(rows: Sequence[Row], *, markdown: bool = False) -> None:
+    """Per overlapped variant: where its channel idled in an iteration (``IdleSplit``),
+    measured and in the replay: the part of a period's miss that is not the channel's."""
+    head = ["rate", "backend", "variant", "tail ms", "predicted", "head ms", "predicted"]
+    head += ["within ms", "predicted", "idle miss ms"]
+    lines = []
+    for r in rows:
+        got, want = r.idle, r.predicted_idle
+        if got is None or want is None:
+            continue
+        pairs = [(got.tail_ms, want.tail_ms), (got.head_ms, want.head_ms)]
+        pairs.append((got.within_ms, want.within_ms))
+        miss = sum(a - b for a, b in pairs)
+        cells = [r.rate, r.backend, r.variant, *(_ms(x) for pair in pairs for x in pair)]
+        lines.append([*cells, f"{miss:+.1f}"])
+    if lines:
+        _print_table(head, lines, markdown=markdown)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
@@ -2008,6 +2147,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "of the period"
     )
     _print_channel(rows, markdown=args.markdown)
+    print()
+    print(
+        "where the overlapped modes' channel idled in an iteration, median over the counted "
+        "iterations, measured and predicted: tail = from the last unit of the iteration before "
+        "to the end of the forward that waited for it; head = from there to the start of the "
+        "iteration's first unit (the backward until it is ready on every rank, its issue); "
+        "within = between the iteration's units; idle miss = the three misses summed (the "
+        "period's miss less the channel's)"
+    )
+    _print_idle(rows, markdown=args.markdown)
     return 0
 
 

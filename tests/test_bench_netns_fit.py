@@ -440,3 +440,72 @@ def test_the_sync_forward_over_locals_is_charged_to_the_sync_mode_alone(
     periods = _periods(trace, schedules, run)
     fitted = bench_netns.fit_compute_loss(trace, schedules, "torch", run, periods)
     assert fitted.forwards_over_us == over
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), blocks=st.integers(1, 3), per_block=st.integers(3, 7))
+def test_the_measured_idle_is_the_gaps_of_the_timeline_the_logs_describe(
+    data: st.DataObject, blocks: int, per_block: int
+) -> None:
+    """A known timeline of two ranks (rank 0 sees every unit done last and ends its forward
+    last, rank 1 starts every unit last): the gaps the logs give back are the ones it was built
+    with, over the iterations with one before and one after them in their block."""
+    gap_ms = st.floats(0.0, 50.0)
+    per_rank: list[list[tuple[int, float, float]]] = [[], []]
+    marks: list[list[tuple[float, float, float]]] = [[], []]
+    tails, heads, withins = [], [], []
+    t_s = 100.0
+    for _ in range(blocks):
+        last_end_s = t_s
+        for pos in range(per_block):
+            tail, head = data.draw(gap_ms) / 1e3, data.draw(gap_ms) / 1e3
+            forward_end_s = last_end_s + tail
+            lag_s = data.draw(st.floats(0.0, 5.0)) / 1e3  # rank 1's forward ends earlier
+            marks[0].append((forward_end_s - 0.1, forward_end_s, forward_end_s + 0.2))
+            marks[1].append((forward_end_s - 0.1, forward_end_s - lag_s, forward_end_s + 0.2))
+            start_s, within = forward_end_s + head, 0.0
+            for k in range(data.draw(st.integers(1, 4))):
+                if k:
+                    gap_s = data.draw(gap_ms) / 1e3
+                    start_s, within = start_s + gap_s, within + gap_s
+                end_s = start_s + data.draw(st.floats(1.0, 100.0)) / 1e3
+                early_s = data.draw(st.floats(0.0, 5.0)) / 1e3  # rank 0's own start, earlier
+                per_rank[0].append((8, (end_s - start_s + early_s) * 1e6, end_s))
+                seen_s = end_s - data.draw(st.floats(0.0, 1.0)) / 1e3
+                per_rank[1].append((8, (seen_s - start_s) * 1e6, seen_s))
+                start_s = last_end_s = end_s
+            if 1 <= pos <= per_block - 2:
+                tails.append(tail)
+                heads.append(head)
+                withins.append(within)
+        t_s = last_end_s + 10.0  # other variants' blocks in between
+    got = bench_netns.measured_idle(per_rank, marks, per_block)
+    assert got is not None
+    assert got.tail_ms == pytest.approx(np.median(tails) * 1e3, abs=1e-6)
+    assert got.head_ms == pytest.approx(np.median(heads) * 1e3, abs=1e-6)
+    assert got.within_ms == pytest.approx(np.median(withins) * 1e3, abs=1e-6)
+
+
+def test_marks_that_are_not_whole_blocks_are_refused() -> None:
+    marks = [[(0.0, 1.0, 2.0)] * 5, [(0.0, 1.0, 2.0)] * 5]
+    with pytest.raises(ValueError, match="whole blocks of 3"):
+        bench_netns.measured_idle([[], []], marks, 3)
+    with pytest.raises(ValueError, match="whole blocks"):
+        bench_netns.measured_idle([[], []], [marks[0], marks[0][:3]], 3)
+
+
+def test_the_replays_idle_and_busy_channel_make_its_period(
+    vgg: tuple[Trace, Interference, tuple[object, object]],
+) -> None:
+    trace, probe, schedules = vgg
+    sims = bench_netns.simulate_variants(trace, *schedules, "torch", as_run=_as_run(probe, {}))
+    for variant in ("pace", "online"):
+        p = sims[variant]
+        assert p.idle is not None
+        parts = (p.idle.tail_ms, p.idle.head_ms, p.idle.within_ms)
+        assert min(parts) >= 0.0
+        assert sum(parts) + p.channel_ms == pytest.approx(p.period_ms)
+    # Where the training thread runs the step (and for no channel at all) there is none.
+    assert sims["pace-sync"].idle is None
+    assert sims["vanilla"].idle is None
+    assert sims["local"].idle is None

@@ -112,6 +112,7 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
     assert launched["pace"] == periods["pace"]
     assert all(a >= b for a, b in zip(launched["local"], periods["local"], strict=True))
     # Every rank logged the runtime's units; lined up, they give each unit's channel time.
+    per_block = bench_netns.iterations_per_block(2)
     for variant in ("online", "pace"):
         logs = bench_netns.read_unit_logs(Path(f"{out}.{variant}.units"))
         assert logs is not None
@@ -121,9 +122,12 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
         # Every iteration of the timed blocks logged its units, the lead-in and the last too:
         # what the channel time per iteration divides by.
         if variant == "pace":
-            iterations = 2 * bench_netns.iterations_per_block(2)
-            assert len(merged) == iterations * len(schedule.units)
+            assert len(merged) == 2 * per_block * len(schedule.units)
         assert all(us > 0 for _, us in merged)
+        # Each rank marked every iteration of the timed blocks: where the channel idled.
+        idle = bench_netns._idle_of(out.with_name(f"{out.name}.{variant}"), per_block)
+        assert idle is not None
+        assert min(idle.tail_ms, idle.head_ms, idle.within_ms) >= 0
     # The host's cores were busy in every variant's blocks (two ranks training on them), and
     # no more than all of them.
     cpu = bench_netns.read_cpu(Path(f"{out}.cpu"), os.cpu_count() or 1)
