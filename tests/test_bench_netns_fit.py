@@ -509,3 +509,45 @@ def test_the_replays_idle_and_busy_channel_make_its_period(
     assert sims["pace-sync"].idle is None
     assert sims["vanilla"].idle is None
     assert sims["local"].idle is None
+
+
+def _write_logs(out: Path, variant: str, units: list[tuple[int, float]]) -> None:
+    import json
+
+    log = [[size, us, 1.0 + i] for i, (size, us) in enumerate(units)]
+    for r in range(2):
+        Path(f"{out}.{variant}.units.rank{r}").write_text(json.dumps(log))
+
+
+def test_each_mode_weighs_alike_in_the_fit_of_the_runtimes_units(tmp_path: Path) -> None:
+    """The online mode's many small units must not outvote the replay's few large ones: twice
+    as many of them (the same sizes and times) leave the fit as it was, and the replay's units
+    come out nearer their own time than with every unit weighing alike."""
+    comm = CommModel(workers=2, alpha_us=500.0, beta_us_per_byte=1.6e-2)
+    term = Interference(us_per_call=0.0, idle_loss=0.0, comm_stretch=0.0, comm_us_per_call=0.0)
+    mib = 2**20
+    # Beyond the cost model: the online mode's 2 ms + 0.1 ms per MiB, the replay's 6.8 ms.
+    online = [(s * mib // 4, comm.cost_us(s * mib // 4) + 2e3 + 25.0 * s) for s in range(1, 17)]
+    replay = [(s * mib // 4, comm.cost_us(s * mib // 4) + 6.8e3) for s in (32, 34, 36)]
+
+    def fitted(online_units: list[tuple[int, float]], out: Path) -> Interference:
+        _write_logs(out, "pace", replay)
+        _write_logs(out, "online", online_units)
+        _write_logs(out, "pace-sync", replay)
+        return bench_netns._fit_channel(out, comm, term, units_per_iteration=3)
+
+    once = fitted(online, tmp_path / "once")
+    twice = fitted(online * 2, tmp_path / "twice")
+    assert twice.comm_stretch == pytest.approx(once.comm_stretch, rel=1e-6, abs=1e-9)
+    assert twice.comm_us_per_call == pytest.approx(once.comm_us_per_call, rel=1e-6, abs=1e-3)
+
+    def beyond_us(t: Interference, size: int) -> float:
+        return t.comm_stretch * comm.cost_us(size) + t.comm_us_per_call
+
+    size = replay[1][0]
+    by_unit = np.polyfit(
+        [s for s, _ in online + replay],
+        [us - comm.cost_us(s) for s, us in online + replay],
+        1,
+    )
+    assert abs(beyond_us(once, size) - 6.8e3) < abs(np.polyval(by_unit, size) - 6.8e3)
