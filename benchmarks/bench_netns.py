@@ -57,7 +57,12 @@ Where the compiler replaced the calibration launch's schedules, the timed launch
 too (``pace@cal``, ``pace-sync@cal``), so the compiled modes' programs have a repeat as well.
 
 The runtime's units are timed on every rank; a unit's channel time is from when the last rank
-could start it to when the last rank saw it done (``merged_units``).
+could start it to when the last rank saw it done (``merged_units``). With the iterations' marks
+(when each rank's forward ended) they also say where the overlapped modes' channel idled in an
+iteration, beside the replay's (``measured_idle``, ``replay_idle``): after the last unit of the
+iteration before (the forward that waited for it), before the first unit (the backward until
+it is ready on every rank) and between units. The period is the channel's busy time plus these,
+so a period's miss splits into the channel's and these three.
 """
 
 from __future__ import annotations
