@@ -1737,9 +1737,9 @@ def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -
     extra_us = np.array([e for v in HANDOFF_VARIANTS for e in extras[v]])
     size = np.array([b for b, _ in done], dtype=float)
     scale = float(size.max())
-    # Each mode weighs alike, not each unit: the online mode's many small units (1104 of 1398
-    # at 0.5 Gbit/s with Horovod) outvoted the replay's few large ones, whose cost beyond the
-    # model the fit then put at 4.29 ms against the 6.76 ms they took.
+    # Each mode weighs alike, not each unit: the online mode's many small units outvoted the
+    # replay's few large ones, whose cost beyond the model the fit then put at 4.29 ms against
+    # the 6.76 ms they took (0.5 Gbit/s with Horovod, 2026-11-25).
     weight = np.concatenate(
         [np.full(len(units[v]), max(1, len(units[v])) ** -0.5) for v in HANDOFF_VARIANTS]
     )
@@ -2167,8 +2167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "iterations, measured and predicted: tail = from the last unit of the iteration before "
         "to the end of the forward that waited for it; head = from there to the start of the "
         "iteration's first unit (the backward until it is ready on every rank, its issue); "
-        "within = between the iteration's units; idle miss = the three misses summed (the "
-        "period's miss less the channel's)"
+        "within = between the iteration's units; idle miss = the three misses summed (about "
+        "the period's miss less the channel's: each part is its own median)"
     )
     _print_idle(rows, markdown=args.markdown)
     return 0
