@@ -459,10 +459,12 @@ class UnitLog:
     def __init__(self) -> None:
         self.done: list[tuple[int, float, float]] = []
         self.marks: list[tuple[float, float, float]] = []
+        self.grads: list[float] = []  # when each gradient was marked ready (s): ``head_split``
         self.timing = True  # off during warm-up: only the measured blocks' units count
 
     def on_grad_ready(self, tensor: int, t_us: float) -> None:
-        pass
+        if self.timing:
+            self.grads.append(t_us / 1e6)
 
     def on_unit_done(self, unit_index: int, size_bytes: int, duration_us: float) -> None:
         if self.timing:
@@ -597,6 +599,7 @@ def worker_train(args: argparse.Namespace) -> None:
     for kind, log in unit_logs.items():  # what each unit held the channel for (merged_units)
         Path(f"{args.out}.{kind}.units.rank{rank}").write_text(json.dumps(log.done))
         Path(f"{args.out}.{kind}.marks.rank{rank}").write_text(json.dumps(log.marks))
+        Path(f"{args.out}.{kind}.grads.rank{rank}").write_text(json.dumps(log.grads))
     if rank == 0:
         Path(args.out).write_text(json.dumps(periods))
         Path(f"{args.out}.phases").write_text(json.dumps(phases))
@@ -814,6 +817,14 @@ class IdleSplit:
     tail_ms: float
     head_ms: float
     within_ms: float
+    # The head on the rank that issued the first unit last (the one the channel waited for),
+    # measured only: from its forward's end to the last gradient marked ready before it
+    # issued the unit (the backward up to the unit's gradients: what the replay's head is),
+    # then to its issue (the runtime's dispatch and the unit's packing); and how much later
+    # it issued than the other rank (the ranks' skew).
+    head_backward_ms: float | None = None
+    head_dispatch_ms: float | None = None
+    head_skew_ms: float | None = None
 
 
 class Predicted(NamedTuple):
@@ -1368,6 +1379,7 @@ def measured_idle(
     per_rank: Sequence[Sequence[Sequence[float]]],
     marks: Sequence[Sequence[Sequence[float]]],
     per_block: int,
+    grads: Sequence[Sequence[float]] | None = None,
 ) -> IdleSplit | None:
     """Where the job's channel idled in an iteration of an overlapped mode: the medians over
     the iterations that have one before them and one after them in their block (``IdleSplit``);
@@ -1379,7 +1391,12 @@ def measured_idle(
     the unit is done; on rank 0 it is done after that iteration's forward ended and before
     the next one's did. The channel runs one unit at a time (in order), so an iteration's
     units are its logged units in order, and the job's channel idles where the next one
-    starts (``merged_spans``) after the last one ended."""
+    starts (``merged_spans``) after the last one ended.
+
+    ``grads``: every rank's ``UnitLog.grads`` (sorted), which split the head
+    (``IdleSplit.head_backward_ms``): a rank issues an iteration's first unit after the
+    previous iteration's last unit was done there, so its own log's start of that unit is its
+    issue."""
     if len({len(m) for m in marks}) != 1 or len(marks[0]) % per_block:
         raise ValueError(f"the ranks' marks are not whole blocks of {per_block} iterations")
     spans = merged_spans(per_rank)
@@ -1389,6 +1406,7 @@ def measured_idle(
     for i, (_, _, done_s) in enumerate(per_rank[0]):
         of_iteration.setdefault(bisect.bisect_left(ends0, done_s) - 1, []).append(i)
     tails, heads, withins = [], [], []
+    split: list[tuple[float, float, float]] = []  # per iteration: backward, dispatch, skew
     for it in range(len(ends0)):
         if not 1 <= it % per_block <= per_block - 2:
             continue  # the block's first (nothing before it) and last (drained) iterations
@@ -1400,12 +1418,28 @@ def measured_idle(
         withins.append(
             sum(max(0.0, spans[b][1] - spans[a][2]) for a, b in itertools.pairwise(units))
         )
+        if grads is not None:
+            issued = [log[units[0]][2] - log[units[0]][1] / 1e6 for log in per_rank]
+            last = max(range(len(issued)), key=issued.__getitem__)
+            ready = grads[last][: bisect.bisect_right(grads[last], issued[last])]
+            backward_end = ready[-1] if ready else marks[last][it][1]
+            split.append(
+                (
+                    backward_end - marks[last][it][1],
+                    issued[last] - backward_end,
+                    issued[last] - min(issued),
+                )
+            )
     if not tails:
         return None
+    parts = [statistics.median(x) * 1e3 for x in zip(*split, strict=True)] if split else []
     return IdleSplit(
         tail_ms=statistics.median(tails) * 1e3,
         head_ms=statistics.median(heads) * 1e3,
         within_ms=statistics.median(withins) * 1e3,
+        head_backward_ms=parts[0] if parts else None,
+        head_dispatch_ms=parts[1] if parts else None,
+        head_skew_ms=parts[2] if parts else None,
     )
 
 
@@ -1416,7 +1450,10 @@ def _idle_of(prefix: Path, per_block: int) -> IdleSplit | None:
     if logs is None:
         return None
     marks = [json.loads(Path(f"{prefix}.marks.rank{r}").read_text()) for r in range(len(logs))]
-    return measured_idle(logs, marks, per_block)
+    grads = [
+        sorted(json.loads(Path(f"{prefix}.grads.rank{r}").read_text())) for r in range(len(logs))
+    ]
+    return measured_idle(logs, marks, per_block, grads)
 
 
 def local_of(variant: str, backend: str) -> str:
@@ -2048,7 +2085,7 @@ def _print_idle(rows: Sequence[Row], *, markdown: bool = False) -> None:
     """Per overlapped variant: where its channel idled in an iteration (``IdleSplit``),
     measured and in the replay: the part of a period's miss that is not the channel's."""
     head = ["rate", "backend", "variant", "tail ms", "predicted", "head ms", "predicted"]
-    head += ["within ms", "predicted", "idle miss ms"]
+    head += ["within ms", "predicted", "idle miss ms", "head: backward", "dispatch", "skew"]
     lines = []
     for r in rows:
         got, want = r.idle, r.predicted_idle
@@ -2058,7 +2095,8 @@ def _print_idle(rows: Sequence[Row], *, markdown: bool = False) -> None:
         pairs.append((got.within_ms, want.within_ms))
         miss = sum(a - b for a, b in pairs)
         cells = [r.rate, r.backend, r.variant, *(_ms(x) for pair in pairs for x in pair)]
-        lines.append([*cells, f"{miss:+.1f}"])
+        split = (got.head_backward_ms, got.head_dispatch_ms, got.head_skew_ms)
+        lines.append([*cells, f"{miss:+.1f}", *(_ms(x) for x in split)])
     if lines:
         _print_table(head, lines, markdown=markdown)
 
@@ -2168,7 +2206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "to the end of the forward that waited for it; head = from there to the start of the "
         "iteration's first unit (the backward until it is ready on every rank, its issue); "
         "within = between the iteration's units; idle miss = the three misses summed (about "
-        "the period's miss less the channel's: each part is its own median)"
+        "the period's miss less the channel's: each part is its own median); the head on the "
+        "rank that issued the first unit last: backward = from its forward's end to the last "
+        "gradient marked ready before its issue (what the replay's head models), dispatch = "
+        "from there to its issue (the runtime's wake-up and the unit's packing), skew = how "
+        "much later than the other rank it issued"
     )
     _print_idle(rows, markdown=args.markdown)
     return 0

@@ -449,28 +449,49 @@ def test_the_measured_idle_is_the_gaps_of_the_timeline_the_logs_describe(
 ) -> None:
     """A known timeline of two ranks (rank 0 sees every unit done last and ends its forward
     last, rank 1 starts every unit last): the gaps the logs give back are the ones it was built
-    with, over the iterations with one before and one after them in their block."""
+    with, over the iterations with one before and one after them in their block; with the
+    gradients' times, so is the head's split on the rank that issued the first unit last."""
     gap_ms = st.floats(0.0, 50.0)
+    fraction = st.floats(0.0, 1.0)
     per_rank: list[list[tuple[int, float, float]]] = [[], []]
     marks: list[list[tuple[float, float, float]]] = [[], []]
-    tails, heads, withins = [], [], []
+    grads: list[list[float]] = [[], []]
+    tails, heads, withins, splits = [], [], [], []
     t_s = 100.0
     for _ in range(blocks):
         last_end_s = t_s
         for pos in range(per_block):
-            tail, head = data.draw(gap_ms) / 1e3, data.draw(gap_ms) / 1e3
+            tail, head = data.draw(gap_ms) / 1e3, data.draw(st.floats(1.0, 50.0)) / 1e3
             forward_end_s = last_end_s + tail
-            lag_s = data.draw(st.floats(0.0, 5.0)) / 1e3  # rank 1's forward ends earlier
-            marks[0].append((forward_end_s - 0.1, forward_end_s, forward_end_s + 0.2))
-            marks[1].append((forward_end_s - 0.1, forward_end_s - lag_s, forward_end_s + 0.2))
+            # Rank 1's forward ends earlier, after its gradients of the iteration before.
+            lag_s = data.draw(st.floats(0.0, 0.4)) / 1e3
+            forward_ends = (forward_end_s, forward_end_s - lag_s)
+            for r in range(2):
+                marks[r].append((forward_end_s - 0.1, forward_ends[r], forward_end_s + 0.2))
             start_s, within = forward_end_s + head, 0.0
+            # Rank 0 issued the first unit before rank 1 (never before its forward ended),
+            # each once its last gradient for it was ready; one more comes before (the forward's
+            # end) and one after (inside the unit's 1 ms or more).
+            issued = (start_s - (0.1 + 0.9 * data.draw(fraction)) * head, start_s)
+            for r in range(2):
+                ready_s = forward_ends[r] + data.draw(fraction) * (issued[r] - forward_ends[r])
+                grads[r] += [forward_ends[r] - 1e-6, ready_s, issued[r] + 5e-4]
+            last = max(range(2), key=issued.__getitem__)
+            ready_last = grads[last][-2]
+            splits.append(
+                (
+                    ready_last - forward_ends[last],
+                    issued[last] - ready_last,
+                    issued[last] - min(issued),
+                )
+            )
             for k in range(data.draw(st.integers(1, 4))):
                 if k:
                     gap_s = data.draw(gap_ms) / 1e3
                     start_s, within = start_s + gap_s, within + gap_s
                 end_s = start_s + data.draw(st.floats(1.0, 100.0)) / 1e3
-                early_s = data.draw(st.floats(0.0, 5.0)) / 1e3  # rank 0's own start, earlier
-                per_rank[0].append((8, (end_s - start_s + early_s) * 1e6, end_s))
+                own_start_s = issued[0] if k == 0 else start_s - data.draw(fraction) / 1e3
+                per_rank[0].append((8, (end_s - own_start_s) * 1e6, end_s))
                 seen_s = end_s - data.draw(st.floats(0.0, 1.0)) / 1e3
                 per_rank[1].append((8, (seen_s - start_s) * 1e6, seen_s))
                 start_s = last_end_s = end_s
@@ -478,12 +499,19 @@ def test_the_measured_idle_is_the_gaps_of_the_timeline_the_logs_describe(
                 tails.append(tail)
                 heads.append(head)
                 withins.append(within)
+            else:
+                splits.pop()
         t_s = last_end_s + 10.0  # other variants' blocks in between
-    got = bench_netns.measured_idle(per_rank, marks, per_block)
+    assert bench_netns.measured_idle(per_rank, marks, per_block).head_backward_ms is None
+    got = bench_netns.measured_idle(per_rank, marks, per_block, [sorted(g) for g in grads])
     assert got is not None
     assert got.tail_ms == pytest.approx(np.median(tails) * 1e3, abs=1e-6)
     assert got.head_ms == pytest.approx(np.median(heads) * 1e3, abs=1e-6)
     assert got.within_ms == pytest.approx(np.median(withins) * 1e3, abs=1e-6)
+    backward, dispatch, skew = (np.median(x) * 1e3 for x in zip(*splits, strict=True))
+    assert got.head_backward_ms == pytest.approx(backward, abs=1e-6)
+    assert got.head_dispatch_ms == pytest.approx(dispatch, abs=1e-6)
+    assert got.head_skew_ms == pytest.approx(skew, abs=1e-6)
 
 
 def test_marks_that_are_not_whole_blocks_are_refused() -> None:

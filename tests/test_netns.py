@@ -128,6 +128,9 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
         idle = bench_netns._idle_of(out.with_name(f"{out.name}.{variant}"), per_block)
         assert idle is not None
         assert min(idle.tail_ms, idle.head_ms, idle.within_ms) >= 0
+        # ... and, with every rank's gradients' times, the head's parts on the later rank.
+        head = (idle.head_backward_ms, idle.head_dispatch_ms, idle.head_skew_ms)
+        assert all(x is not None and x >= 0 for x in head)
     # The host's cores were busy in every variant's blocks (two ranks training on them), and
     # no more than all of them.
     cpu = bench_netns.read_cpu(Path(f"{out}.cpu"), os.cpu_count() or 1)
