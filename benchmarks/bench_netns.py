@@ -62,7 +62,9 @@ could start it to when the last rank saw it done (``merged_units``). With the it
 iteration, beside the replay's (``measured_idle``, ``replay_idle``): after the last unit of the
 iteration before (the forward that waited for it), before the first unit (the backward until
 it is ready on every rank) and between units. The period is the channel's busy time plus these,
-so a period's miss splits into the channel's and these three.
+so a period's miss splits into the channel's and these three. With every rank's gradient times
+the head splits further, on the rank that issued the first unit last: its backward up to the
+unit's last gradient, the runtime's dispatch (and packing), and the ranks' skew.
 """
 
 from __future__ import annotations
