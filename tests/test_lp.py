@@ -407,6 +407,26 @@ def test_lp_automatic_slot_on_float_trace() -> None:
     assert s.predicted_iteration_us <= info["makespan_us"] + 1e-6
 
 
+def test_exact_preempts_once_the_piece_is_long_enough_despite_rounding() -> None:
+    """An urgent job released while the running piece is shorter than ``min_piece_us`` preempts
+    at ``start + min_piece_us``. With these values (from a failing compile of a random trace)
+    ``(start + m) - start`` rounds below ``m``; the solver compared that difference, never
+    preempted, and the compiled schedule sent the 19 MB gradient first (6.7% slower)."""
+    start_us, alpha_us, beta_us = 600.2426023292769, 22.290056949711857, 0.0014
+    min_piece_us = alpha_us + beta_us
+    assert (start_us + min_piece_us) - start_us < min_piece_us  # the rounding this guards
+    sol = solve_exact(
+        [start_us, 606.45633214],
+        [27053.0, 3565.6],
+        [8.1, 2120.5],
+        preempt_cost_us=alpha_us,
+        min_piece_us=min_piece_us,
+    )
+    assert sol.preemptions == 1
+    assert [j for j, _, _ in sol.pieces] == [0, 1, 0]
+    assert sol.pieces[0][2] == start_us + min_piece_us
+
+
 @pytest.mark.parametrize("backend", ["highs", "scipy"])
 def test_real_solver_time_limit_raises(backend: str) -> None:
     """The solver itself stops at its limit (an 18,000-column LP cannot finish in 1 ms)."""

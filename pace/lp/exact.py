@@ -127,7 +127,9 @@ def solve_exact(
             if (
                 -heap[0][0] > q[cur]
                 and remaining[cur] > min_remaining_us
-                and t - cur_start >= min_piece_us
+                # The same sum as the revisit time above: ``t - cur_start`` can round below
+                # ``min_piece_us`` at that very time, and the urgent job would never preempt.
+                and t >= cur_start + min_piece_us
                 and t >= r[heap[0][1]] + g[heap[0][1]]
             ):
                 pieces.append((cur, cur_start, t))
