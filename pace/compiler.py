@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pace.errors import InputError, SolverError
+from pace.hedge import check_alternatives, least_regret, regrets
 from pace.ir import SCHEDULE_MODES, FusionPlan, Schedule, ScheduleMode, Trace, Unit
 from pace.options import FUSION_METHODS, SOLVERS, FusionMethod, Solver
 from pace.replay import start_order
@@ -282,6 +283,34 @@ def issue_order_problem(schedule: Schedule, unit_start_us: Sequence[float]) -> s
     return None
 
 
+def _hedged(
+    models: Sequence[Trace], candidates: Sequence[tuple[Schedule, FusionPlan]]
+) -> tuple[Schedule, FusionPlan]:
+    """The candidate (compiled under ``models[i]``) with the least worst regret over the
+    models; its prediction is its replay under ``models[0]``."""
+    from pace.io import trace_digest
+    from pace.sim import schedule_policy, simulate
+
+    replays = [
+        [simulate(m, schedule_policy(s)).iteration_us for m in models] for s, _ in candidates
+    ]
+    pick = least_regret(replays)
+    sched, plan = candidates[pick]
+    info = {
+        "models": len(models),
+        "chosen": pick,
+        "replays_us": replays,
+        "regret": regrets(replays),
+    }
+    return dataclasses.replace(
+        sched,
+        trace_digest=trace_digest(models[0]),
+        cost_model=models[0].comm,
+        predicted_iteration_us=replays[pick][0],
+        meta={**sched.meta, "hedge": info},
+    ), plan
+
+
 def compile_trace(
     trace: Trace,
     *,
@@ -294,6 +323,7 @@ def compile_trace(
     baselines: bool = True,
     robust: bool | None = None,
     robust_tolerance: float | None = None,
+    hedge: Sequence[Trace] = (),
 ) -> CompileResult:
     """Fuse, schedule and measure ``trace`` (see the module docstring).
 
@@ -312,6 +342,13 @@ def compile_trace(
     tolerance of the best, pick the one with the best mean replay under timing jitter
     (``pace.lp.schedule``; ``docs/scheduling.md``, "Robustness to jitter");
     ``robust_tolerance`` (default ``pace.lp.ROBUST_TOLERANCE``, 0.5%) is that tolerance.
+    ``hedge``: other cost models of the same job (same ops and tensors, another ``comm``),
+    where a part of the model is uncertain: the job is compiled under each too, every schedule
+    is replayed under every model, and the one with the least worst relative regret ships
+    (``pace.hedge``; ties keep ``trace``'s own). Its prediction is its replay under ``trace``,
+    which may then be slower than a baseline's there (the warning says so): the hedge trades
+    time under one model for less loss under the others. ``meta.hedge`` records the replays
+    and regrets.
 
     >>> from pace.synth import random_trace
     >>> r = compile_trace(random_trace(seed=2, n_layers=5, alpha_us=30.0))
@@ -329,6 +366,7 @@ def compile_trace(
 
     robust_on = ROBUST_DEFAULT if robust is None else robust
     tol = ROBUST_TOLERANCE if robust_tolerance is None else robust_tolerance
+    check_alternatives(trace, hedge)
 
     t0 = time.perf_counter()
     stages: dict[str, float] = {}
@@ -395,7 +433,30 @@ def compile_trace(
                 )
                 plan = nominal_plan
                 warnings.extend(nominal_warnings)
-            beaten = {n: us for n, us in base.items() if us < sched.predicted_iteration_us}
+    if hedge:
+        t = time.perf_counter()
+        models = [compiled]
+        models += [
+            apply_what_if(
+                alt,
+                bandwidth_gbps=bandwidth_gbps,
+                workers=workers,
+                compute_speedup=compute_speedup,
+                mode=mode,
+            )
+            for alt in hedge
+        ]
+        others = [
+            _fuse_and_schedule(
+                m, fusion=fusion, solver=solver, robust=robust_on, tol=tol, stages={}, warnings=[]
+            )
+            for m in models[1:]
+        ]
+        sched, plan = _hedged(models, [(sched, plan), *others])
+        stages["hedge"] = time.perf_counter() - t
+        compile_seconds += stages["hedge"]
+    if base:
+        beaten = {n: us for n, us in base.items() if us < sched.predicted_iteration_us}
         if beaten:
             best = min(beaten, key=beaten.__getitem__)
             warnings.append(

@@ -147,6 +147,46 @@ def test_cli_compile_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert len(err.strip().splitlines()) == 1
 
 
+def test_cli_compile_hedges_over_other_cost_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--hedge`` (repeatable) compiles under each model and ships the least-regret schedule;
+    the file validates against the main trace, whose replay is its prediction. The trace of
+    another job is refused on every path with one line naming the field."""
+    import dataclasses
+
+    from pace.ir import Interference
+
+    base = random_trace(seed=35, n_layers=8, alpha_us=30.0)
+
+    def with_loss(us_per_byte: float) -> Trace:
+        term = Interference(us_per_byte=us_per_byte, us_per_call=200.0, comm_stretch=0.05)
+        return dataclasses.replace(base, comm=dataclasses.replace(base.comm, interference=term))
+
+    paths = [tmp_path / f"{name}.json" for name in ("low", "high", "other")]
+    for trace, path in zip((with_loss(5e-4), with_loss(1e-2), _trace()), paths, strict=True):
+        save_trace(trace, path)
+    out = tmp_path / "s.json"
+    argv = ["compile", str(paths[0]), "-o", str(out), "--hedge", str(paths[1])]
+    assert main([*argv, "--hedge", str(paths[1]), "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["hedge"]["models"] == 3
+    assert obj["hedge"]["chosen"] == 1  # the found trade of tests/test_hedge.py
+    assert obj["predicted_iteration_us"] == obj["hedge"]["replays_us"][1][0]
+    assert main(["validate", str(out), "--trace", str(paths[0])]) == 0
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)  # short names, so the table fits on one line
+    assert main(["compile", "low.json", "-o", "s.json", "--hedge", "high.json"]) == 0
+    text = capsys.readouterr().out
+    assert "worst regret" in text
+    assert "* high.json" in text
+    assert main(["compile", str(paths[0]), "-o", str(out), "--hedge", str(paths[2])]) == 2
+    err = capsys.readouterr().err
+    assert "hedge" in err
+    assert "only `comm` may differ" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_cli_what_if_compile_replays_under_the_same_what_if(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -72,6 +72,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="relative nominal slow-down a robust choice may cost (default 0.005)",
     )
+    p.add_argument(
+        "--hedge",
+        metavar="TRACE",
+        action="append",
+        default=[],
+        help="another cost model of the same job (a trace with the same ops and tensors, another "
+        "comm), where the model is uncertain: ship the schedule with the least worst regret "
+        "over all the models (repeatable; docs/scheduling.md, section 9)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -103,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         mode=args.mode,
         robust=args.robust,
         robust_tolerance=args.robust_tolerance,
+        hedge=[load_trace(path) for path in args.hedge],
     )
     save_schedule(result.schedule, args.output)
     for w in result.warnings:
@@ -135,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
                 "fusion_details": details,
                 "solver": args.solver,
                 "robust": result.schedule.meta.get("robust"),
+                "hedge": result.schedule.meta.get("hedge"),
                 "cost_model": {
                     "alpha_us": result.trace.comm.alpha_us,
                     "beta_us_per_byte": result.trace.comm.beta_us_per_byte,
@@ -181,6 +192,16 @@ def run(args: argparse.Namespace) -> int:
         f"gap to lower bound: {result.gap * 100:.3f}%   units: {len(result.schedule.units)}   "
         f"compile: {result.compile_seconds:.3f} s\n"
     )
+    if hedge := result.schedule.meta.get("hedge"):
+        names = [str(args.trace), *args.hedge]
+        print_table(
+            "hedge: each model's schedule replayed under every model (us)",
+            ["compiled under", *names, "worst regret"],
+            [
+                [f"{'* ' if i == hedge['chosen'] else ''}{names[i]}", *row, f"{r:.2%}"]
+                for i, (row, r) in enumerate(zip(hedge["replays_us"], hedge["regret"], strict=True))
+            ],
+        )
     return 0
 
 
