@@ -1099,10 +1099,18 @@ def measure(args: argparse.Namespace) -> list[Row]:
                             else runtime_term,
                         ),
                     )
-                    result = compile_trace(compiled)
+                    # The loss the calibration fitted absorbs what the replay misses at the
+                    # iteration's boundary, so it is the uncertain part: the compiler hedges
+                    # between it and the probe's (``pace.hedge``).
+                    hedge = [probe_loss(compiled, terms["*"])] if job_local_ms else []
+                    result = compile_trace(compiled, hedge=hedge)
                     sched_path = tmp / f"{rate}-{backend}.schedule.json"
                     save_schedule(result.schedule, sched_path)
-                    sync = compile_trace(compiled, mode="sync", baselines=False).schedule
+                    sync = compile_trace(
+                        compiled, mode="sync", baselines=False, hedge=hedge
+                    ).schedule
+                    _say_hedge("pace", result.schedule)
+                    _say_hedge("pace-sync", sync)
                     save_schedule(sync, tmp / f"{rate}-{backend}.sync.schedule.json")
                     # The calibration's schedules the compiler replaced, trained again in the
                     # timed launch: their repeat is how far a compiled mode's program moved.
@@ -1119,6 +1127,8 @@ def measure(args: argparse.Namespace) -> list[Row]:
                         keep = Path(args.keep)
                         keep.mkdir(parents=True, exist_ok=True)
                         save_trace(compiled, keep / f"{rate}-{backend}.trace.json.gz")
+                        for alt in hedge:
+                            save_trace(alt, keep / f"{rate}-{backend}.probe-loss.trace.json.gz")
                         shutil.copy(sched_path, keep / sched_path.name)
                     if job_local_ms:  # every prediction from the calibration run's compute
                         sims = of_programs(
@@ -1749,6 +1759,34 @@ def fit_vanilla_channel(
         f"{miss(scale):+.1%}"
     )
     return scaled(scale)
+
+
+def probe_loss(compiled: Any, probe: Any) -> Any:
+    """``compiled`` with the probe's compute loss (``probe``'s per call and per byte) in place
+    of the calibration's fit; everything else (the fitted channel part) kept: the other model
+    the compiler hedges over."""
+    term = dataclasses.replace(
+        compiled.comm.interference, us_per_call=probe.us_per_call, us_per_byte=probe.us_per_byte
+    )
+    return dataclasses.replace(compiled, comm=dataclasses.replace(compiled.comm, interference=term))
+
+
+def _say_hedge(mode: str, schedule: Any) -> None:
+    """What the hedge chose: each candidate's replays (calibrated loss, probe's) and regret."""
+    info = schedule.meta.get("hedge")
+    if info is None:
+        return
+    names = ("calibrated loss", "probe's loss")
+    cands = "; ".join(
+        f"compiled under the {names[i]}: "
+        + ", ".join(f"{us / 1e3:.1f}" for us in row)
+        + f" ms (worst regret {info['regret'][i]:.1%})"
+        for i, row in enumerate(info["replays_us"])
+    )
+    _say(
+        f"    {mode}: hedged over the calibrated and the probe's loss, shipped the one compiled "
+        f"under the {names[info['chosen']]} ({len(schedule.units)} units); {cands}"
+    )
 
 
 def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -> Any:

@@ -579,3 +579,23 @@ def test_each_mode_weighs_alike_in_the_fit_of_the_runtimes_units(tmp_path: Path)
         1,
     )
     assert abs(beyond_us(once, size) - 6.8e3) < abs(np.polyval(by_unit, size) - 6.8e3)
+
+
+def test_the_hedge_model_swaps_in_the_probes_loss_alone() -> None:
+    """The other model the compiler hedges over keeps the calibration's channel part (its
+    units were measured) and takes the probe's compute loss (the fitted one is the guess)."""
+    trace = load_trace(ROOT / "traces" / "vgg16.json.gz")
+    fitted = Interference(us_per_call=340.0, us_per_byte=4.3e-3, comm_stretch=0.05)
+    fitted = dataclasses.replace(fitted, comm_us_per_call=3.9e3)
+    comm = CommModel(workers=2, alpha_us=1e3, beta_us_per_byte=4e-3, interference=fitted)
+    compiled = dataclasses.replace(trace, comm=comm)
+    probe = Interference(us_per_call=590.0, us_per_byte=1.8e-3, comm_stretch=0.09, idle_loss=0.1)
+    alt = bench_netns.probe_loss(compiled, probe)
+    assert alt.ops == compiled.ops
+    assert alt.tensors == compiled.tensors
+    got = alt.comm.interference
+    assert (got.us_per_call, got.us_per_byte) == (590.0, 1.8e-3)
+    assert got == dataclasses.replace(fitted, us_per_call=590.0, us_per_byte=1.8e-3)
+    assert dataclasses.replace(alt.comm, interference=None) == dataclasses.replace(
+        comm, interference=None
+    )
