@@ -446,13 +446,17 @@ def compile_trace(
             )
             for alt in hedge
         ]
+        # Each alternative's own warnings (a solver fallback, ...) count if its schedule ships.
+        alt_warnings: list[list[str]] = [[] for _ in hedge]
         others = [
             _fuse_and_schedule(
-                m, fusion=fusion, solver=solver, robust=robust_on, tol=tol, stages={}, warnings=[]
+                m, fusion=fusion, solver=solver, robust=robust_on, tol=tol, stages={}, warnings=w
             )
-            for m in models[1:]
+            for m, w in zip(models[1:], alt_warnings, strict=True)
         ]
         sched, plan = _hedged(models, [(sched, plan), *others])
+        if (pick := sched.meta["hedge"]["chosen"]) > 0:
+            warnings.extend(alt_warnings[pick - 1])
         stages["hedge"] = time.perf_counter() - t
         compile_seconds += stages["hedge"]
     if base:
