@@ -25,7 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import SHARED_CHANNEL
 from pace.compiler import compile_trace
 from pace.ir import Trace
-from pace.synth import random_trace
+from pace.synth import (
+    MIN_OPS_PER_LAYER,
+    SKIP_PROB_CHOICES,
+    TENSORS_PER_LAYER_CHOICES,
+    random_trace,
+)
 
 
 def draw_trace(rnd: random.Random, max_layers: int) -> Trace:
@@ -33,9 +38,9 @@ def draw_trace(rnd: random.Random, max_layers: int) -> Trace:
     return random_trace(
         seed=rnd.randrange(2**32),
         n_layers=rnd.randint(1, max_layers),
-        tensors_per_layer=rnd.choice([(1, 1), (1, 2), (0, 3), (1, 4)]),
-        ops_per_layer=rnd.randint(2, 4),
-        skip_prob=rnd.choice([0.0, 0.3, 0.7]),
+        tensors_per_layer=rnd.choice(TENSORS_PER_LAYER_CHOICES),
+        ops_per_layer=rnd.randint(MIN_OPS_PER_LAYER, 4),
+        skip_prob=rnd.choice(SKIP_PROB_CHOICES),
     )
 
 

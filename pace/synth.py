@@ -16,6 +16,13 @@ import numpy as np
 from pace.errors import InputError
 from pace.ir import CommModel, Op, Tensor, Trace
 
+# The shapes the property tests draw (tests/strategies.traces) and the benchmarks that measure
+# over "traces drawn like the tests'" (benchmarks/bench_shared_channel.py): one list, so the two
+# cannot drift apart.
+TENSORS_PER_LAYER_CHOICES: tuple[tuple[int, int], ...] = ((1, 1), (1, 2), (0, 3), (1, 4))
+SKIP_PROB_CHOICES: tuple[float, ...] = (0.0, 0.3, 0.7)
+MIN_OPS_PER_LAYER = 2  # one backward op and one forward op
+
 
 def random_trace(
     *,
@@ -39,7 +46,7 @@ def random_trace(
     """
     if n_layers < 1:
         raise InputError(f"must be >= 1, got {n_layers}", field="n_layers")
-    if ops_per_layer < 2:
+    if ops_per_layer < MIN_OPS_PER_LAYER:
         raise InputError(
             f"must be >= 2 (one backward op and one forward op), got {ops_per_layer}",
             field="ops_per_layer",

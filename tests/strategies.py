@@ -8,7 +8,12 @@ import random
 from hypothesis import strategies as st
 
 from pace.ir import Schedule, Trace
-from pace.synth import random_trace
+from pace.synth import (
+    MIN_OPS_PER_LAYER,
+    SKIP_PROB_CHOICES,
+    TENSORS_PER_LAYER_CHOICES,
+    random_trace,
+)
 
 
 @st.composite
@@ -23,9 +28,9 @@ def traces(
     return random_trace(
         seed=draw(st.integers(0, 2**32 - 1)),
         n_layers=draw(st.integers(1, max_layers)),
-        tensors_per_layer=draw(st.sampled_from([(1, 1), (1, 2), (0, 3), (1, 4)])),
-        ops_per_layer=draw(st.integers(2, max_ops_per_layer)),
-        skip_prob=draw(st.sampled_from([0.0, 0.3, 0.7])),
+        tensors_per_layer=draw(st.sampled_from(TENSORS_PER_LAYER_CHOICES)),
+        ops_per_layer=draw(st.integers(MIN_OPS_PER_LAYER, max_ops_per_layer)),
+        skip_prob=draw(st.sampled_from(SKIP_PROB_CHOICES)),
         integer=integer,
     )
 
