@@ -90,7 +90,11 @@ def apply_what_if(
             for op in trace.ops
         )
         meta = {**trace.meta, "compute_speedup": compute_speedup}
-        trace = dataclasses.replace(trace, ops=ops, meta=meta)
+        # The update of a reduced gradient is computation too: it speeds up with the ops.
+        comm = dataclasses.replace(
+            trace.comm, update_us_per_byte=trace.comm.update_us_per_byte / compute_speedup
+        )
+        trace = dataclasses.replace(trace, ops=ops, meta=meta, comm=comm)
     if mode not in SCHEDULE_MODES:
         raise InputError(f"must be one of {', '.join(SCHEDULE_MODES)}, got {mode!r}", field="mode")
     if mode == "sync":
@@ -129,13 +133,18 @@ def sync_trace(trace: Trace) -> Trace:
         for i in range(len(trace.ops))
         if gated[i] and not any(gated[j] for j in prep.deps[i])
     )
+    # The sync loop's step() runs on the training thread after every reduction, outside the
+    # replayed window (as a framework's): no gradient waits for its own update in it.
+    comm = dataclasses.replace(trace.comm, update_us_per_byte=0.0)
     if not roots:
-        return trace
+        return dataclasses.replace(trace, comm=comm) if trace.comm != comm else trace
     tensors = tuple(
         dataclasses.replace(t, consumers=tuple(dict.fromkeys((*t.consumers, *roots))))
         for t in trace.tensors
     )
-    return dataclasses.replace(trace, tensors=tensors, meta={**trace.meta, "mode": "sync"})
+    return dataclasses.replace(
+        trace, tensors=tensors, comm=comm, meta={**trace.meta, "mode": "sync"}
+    )
 
 
 def _fuse_and_schedule(

@@ -291,12 +291,13 @@ def what_if(
         old_share = (comm.workers - 1) / comm.workers
         new_share = (new_w - 1) / new_w
         beta = comm.beta_us_per_byte * (new_share / old_share) if old_share else 0.0
-    # The interference term is what this machine's compute loses to its communication: kept
-    # as measured (a what-if moves the link, not the cores beside it).
+    # The interference term is what this machine's compute loses to its communication, and the
+    # update is its compute: both kept as measured (a what-if moves the link, not the cores).
     return CommModel(
         workers=new_w,
         alpha_us=comm.alpha_us,
         beta_us_per_byte=beta,
         algorithm=comm.algorithm,
         interference=comm.interference,
+        update_us_per_byte=comm.update_us_per_byte,
     )

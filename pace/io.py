@@ -719,6 +719,11 @@ def _comm_from(r: _Reader, v: Any, path: str, *, with_samples: bool = True) -> C
             if "interference" in o
             else None
         ),
+        update_us_per_byte=(
+            r.num(o["update_us_per_byte"], f"{path}.update_us_per_byte", bound=_BETA)
+            if "update_us_per_byte" in o
+            else 0.0
+        ),
     )
 
 
@@ -815,6 +820,8 @@ def _comm_to(comm: CommModel, *, with_samples: bool = True) -> dict[str, Any]:
         out["samples"] = [[int(b), _num_out(us)] for b, us in comm.samples]
     if comm.interference is not None:
         out["interference"] = _interference_to(comm.interference)
+    if comm.update_us_per_byte > 0:  # optional: files without it keep their bytes
+        out["update_us_per_byte"] = _num_out(comm.update_us_per_byte)
     return out
 
 

@@ -124,6 +124,11 @@ class CommModel:
     ``samples`` are the measured ``(bytes, us)`` points the model was fitted on, if any.
     ``interference``: what communication costs the computation beside it (``None``: nothing,
     as a GPU and a NIC that share nothing).
+    ``update_us_per_byte``: what updating a reduced gradient costs before the forward may use
+    its parameter, per byte of gradient. pace's overlapped runtime steps the optimizer on each
+    parameter once its reduction completes, on one background thread, one unit after the other:
+    the forward that needs the parameter waits for that update. 0: the update is free (or runs
+    after a barrier, outside the replayed window, as a framework's ``optimizer.step()``).
     """
 
     workers: int
@@ -132,10 +137,19 @@ class CommModel:
     algorithm: str = "ring"
     samples: tuple[tuple[int, float], ...] = ()
     interference: Interference | None = None
+    update_us_per_byte: float = 0.0
 
     def cost_us(self, size_bytes: float) -> float:
         """Duration of one all-reduce call carrying ``size_bytes`` bytes."""
         return self.alpha_us + self.beta_us_per_byte * size_bytes
+
+    @property
+    def couples_compute(self) -> bool:
+        """Whether replaying this model needs ops and channel in one event loop: compute slows
+        beside communication (an active ``interference``), or a reduced gradient reaches its
+        consumers only after its update (``update_us_per_byte``)."""
+        term = self.interference
+        return (term is not None and term.active) or self.update_us_per_byte > 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

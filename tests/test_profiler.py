@@ -290,6 +290,27 @@ def test_span_timing_adds_up_to_the_passes() -> None:
     assert trace.meta["uninstrumented_backward_us"] > 0
 
 
+def test_the_optimizer_step_becomes_the_update_cost_per_byte() -> None:
+    """pace's overlapped runtime runs the step piecewise as gradients are reduced: the profile
+    stores its cost per byte of gradient (comm.update_us_per_byte); without an optimizer, 0."""
+    _, plain = _cnn_trace()
+    assert plain.comm.update_us_per_byte == 0.0
+    torch.manual_seed(0)
+    model = SmallCNN()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(2, 3, 8, 8)
+    y = torch.tensor([1, 3])
+
+    def step(m: nn.Module) -> torch.Tensor:
+        return nn.functional.cross_entropy(m(x), y)
+
+    trace = profile(model, step, iters=2, warmup=1, optimizer=opt)
+    assert trace.meta["optimizer_us"] > 0
+    assert trace.comm.update_us_per_byte == pytest.approx(
+        trace.meta["optimizer_us"] / trace.total_bytes
+    )
+
+
 # --- bad input ----------------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ every backward op precedes every forward op, so the Lemma-1 rule holds by constr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -245,6 +246,13 @@ def build_window(
         "last_backward_op": last_bw,
     }
     info.update(meta or {})
+    total_bytes = sum(t.size_bytes for _, t in tensors)
+    if comm.update_us_per_byte == 0 and info["optimizer_us"] > 0 and total_bytes > 0:
+        # pace's overlapped runtime runs this step piecewise, each parameter once reduced,
+        # before the forward may use it: the step's cost per byte of gradient.
+        comm = dataclasses.replace(
+            comm, update_us_per_byte=float(info["optimizer_us"]) / total_bytes
+        )
     return Trace(
         model=model_name,
         ops=tuple(ops),

@@ -368,11 +368,17 @@ def _simulate(
     interference = trace.comm.interference
     if interference is not None and not interference.active:
         interference = None
-    # Interference couples compute to communication, so releases are no longer fixed
-    # (Lemma 1's split does not hold): ops and channel run in one event loop.
-    if serial or force_event_loop or interference is not None:
+    # Interference, or an update between a reduction and its consumers, couples compute to
+    # communication, so releases are no longer fixed (Lemma 1's split does not hold): ops and
+    # channel run in one event loop.
+    if serial or force_event_loop or trace.comm.couples_compute:
         joint = drivers.drive_joint(
-            prep, ch, serial_compute=serial, barrier=barrier, interference=interference
+            prep,
+            ch,
+            serial_compute=serial,
+            barrier=barrier,
+            interference=interference,
+            update_us_per_byte=trace.comm.update_us_per_byte,
         )
         units, ustart, ufinish = ch.records()
         done = joint.tensor_done_us

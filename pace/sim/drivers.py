@@ -64,6 +64,7 @@ def drive_joint(
     serial_compute: bool,
     barrier: bool,
     interference: Interference | None = None,
+    update_us_per_byte: float = 0.0,
 ) -> JointResult:
     """Ops and channel in one event loop.
 
@@ -73,7 +74,10 @@ def drive_joint(
     ``interference``: running ops progress at ``1 - ch.compute_loss(...)`` of their speed (the
     trace's ``comm.interference``). Their progress is one clock, ``progress``, which runs at
     that rate between events; an op finishes when the clock has advanced by its duration since
-    it started. Without interference the clock is real time.
+    it started. Without interference the clock is real time. ``update_us_per_byte``: the
+    tensors a channel event completes are updated on one update thread, one event's tensors
+    after the other's, for this much per byte, and only then reach their consumers (and the
+    barrier); ``tensor_done_us`` stays the reduction's end.
     """
     n_ops = len(prep.op_names)
     n_t = len(prep.tensor_names)
@@ -92,6 +96,9 @@ def drive_joint(
     stream_busy = False
     progress = 0.0
     rate = 1.0 if interference is None else 1.0 - interference.idle_loss
+    size = prep.size_bytes
+    updated: list[tuple[float, int]] = []  # (update end, tensor), not yet given to consumers
+    update_free = 0.0  # when the update thread is next idle
 
     def make_ready(i: int, now: float) -> None:
         if serial_compute:
@@ -124,7 +131,8 @@ def drive_joint(
         if events:
             t_op = events[0][0] if interference is None else now + (events[0][0] - progress) / rate
         t_ch = ch.next_time()
-        t = t_op if t_op < t_ch else t_ch
+        t_up = updated[0][0] if updated else _INF
+        t = min(t_op, t_ch, t_up)
         if t == _INF:
             break
         if interference is None:
@@ -144,15 +152,29 @@ def drive_joint(
                 if blockers[c] == 0:
                     make_ready(c, t)
         if t_ch == t:
-            for k in _channel_step(ch, t):
+            reduced = _channel_step(ch, t)
+            for k in reduced:
                 done_us[k] = t
-                tensors_left -= 1
-                for c in prep.consumers[k]:
-                    blockers[c] -= 1
-                    if blockers[c] == 0:
-                        make_ready(c, t)
-                if barrier and tensors_left == 0:
-                    release_barrier(t)
+            if update_us_per_byte > 0 and reduced:
+                update_free = max(update_free, t) + update_us_per_byte * sum(
+                    size[k] for k in reduced
+                )
+                for k in reduced:
+                    heapq.heappush(updated, (update_free, k))
+                reduced = []
+            released = reduced
+        else:
+            released = []
+        while updated and updated[0][0] <= t:
+            released.append(heapq.heappop(updated)[1])
+        for k in released:
+            tensors_left -= 1
+            for c in prep.consumers[k]:
+                blockers[c] -= 1
+                if blockers[c] == 0:
+                    make_ready(c, t)
+            if barrier and tensors_left == 0:
+                release_barrier(t)
         if isinstance(ch, CycleFusionChannel):
             ch.after_batch(t)
         if interference is None:

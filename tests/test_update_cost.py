@@ -1,0 +1,141 @@
+"""The update between a reduction and the forward (``comm.update_us_per_byte``, issue 15).
+
+pace's overlapped runtime steps the optimizer on a parameter once its reduction completes, on one
+background thread; the next forward waits for that update. The replay charges it per byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pace.compiler import apply_what_if, compile_trace, sync_trace
+from pace.errors import InputError
+from pace.io import load_trace, save_trace
+from pace.ir import CommModel, Interference, Op, Tensor, Trace
+from pace.sim import schedule_policy, simulate
+from pace.sim.policies import fifo
+from tests.strategies import traces
+
+POLICIES = ("fifo", "tictac", "p3", "ddp", "bytescheduler", "horovod")
+
+
+def with_update(trace: Trace, per_byte: float) -> Trace:
+    return dataclasses.replace(
+        trace, comm=dataclasses.replace(trace.comm, update_us_per_byte=per_byte)
+    )
+
+
+def tiny() -> Trace:
+    """docs/design.md's worked example: FIFO finishes at 44 us without updates."""
+    return Trace(
+        model="tiny",
+        ops=(
+            Op(name="bw2", phase="backward", duration_us=10),
+            Op(name="bw1", phase="backward", duration_us=10, deps=("bw2",)),
+            Op(name="fw1", phase="forward", duration_us=5, deps=("bw1",)),
+            Op(name="fw2", phase="forward", duration_us=5, deps=("fw1",)),
+        ),
+        tensors=(
+            Tensor(name="w2", size_bytes=20, producer="bw2", consumers=("fw2",)),
+            Tensor(name="w1", size_bytes=4, producer="bw1", consumers=("fw1",)),
+        ),
+        comm=CommModel(workers=2, alpha_us=0.0, beta_us_per_byte=1.0),
+    )
+
+
+def test_the_forward_waits_for_the_update_which_runs_one_unit_after_the_other() -> None:
+    assert simulate(tiny(), fifo()).iteration_us == 44.0
+    res = simulate(with_update(tiny(), 0.5), fifo())
+    # w2 is reduced at 30 and updated until 40; w1 is reduced at 34 but its update waits for
+    # w2's: 40..42. fw1 runs 42..47, fw2 (w2 updated at 40) 47..52.
+    assert res.tensor_done_us == (30.0, 34.0)  # the reductions' ends, as without updates
+    assert res.op_start_us[2] == 42.0
+    assert res.iteration_us == 52.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    trace=traces(max_layers=8),
+    per_byte=st.floats(1e-4, 2.0),
+    policy=st.sampled_from(POLICIES),
+)
+def test_updates_delay_the_window_by_at_most_their_total(
+    trace: Trace, per_byte: float, policy: str
+) -> None:
+    """Without interference the channel does not depend on compute (Lemma 1), so the updates
+    can only delay consumers, each by no more than all updates together."""
+    base = simulate(trace, policy).iteration_us
+    slow = simulate(with_update(trace, per_byte), policy)
+    assert slow.iteration_us >= base - 1e-6 * max(1.0, base)
+    assert slow.iteration_us <= base + per_byte * trace.total_bytes + 1e-6 * max(1.0, base)
+    more = simulate(with_update(trace, 2 * per_byte), policy).iteration_us
+    assert more >= slow.iteration_us - 1e-6 * max(1.0, base)
+
+
+@settings(max_examples=40, deadline=None)
+@given(trace=traces(max_layers=6), policy=st.sampled_from(POLICIES))
+def test_no_update_cost_is_the_model_without_it(trace: Trace, policy: str) -> None:
+    # The event loop (forced by a vanishing interference term) with no update cost gives the
+    # fast path's answer.
+    vanishing = dataclasses.replace(
+        trace, comm=dataclasses.replace(trace.comm, interference=Interference(idle_loss=1e-300))
+    )
+    fast = simulate(trace, policy).iteration_us
+    assert simulate(vanishing, policy).iteration_us == pytest.approx(fast, rel=1e-9, abs=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), per_byte=st.floats(1e-3, 1.0))
+def test_the_compiler_optimises_with_the_update_and_predicts_its_replay(
+    seed: int, per_byte: float
+) -> None:
+    from pace.synth import random_trace
+
+    trace = with_update(random_trace(seed=seed, n_layers=6), per_byte)
+    sched = compile_trace(trace).schedule
+    assert sched.predicted_iteration_us == pytest.approx(
+        simulate(trace, schedule_policy(sched)).iteration_us, rel=1e-9
+    )
+    # What the compiler ships is at least as good, under the update, as its own schedule for
+    # the same job without it.
+    blind = compile_trace(with_update(trace, 0.0)).schedule
+    assert sched.predicted_iteration_us <= simulate(trace, schedule_policy(blind)).iteration_us * (
+        1 + 1e-3
+    )
+
+
+def test_the_sync_loop_has_no_update_in_its_window_and_a_speedup_scales_it() -> None:
+    trace = with_update(tiny(), 0.5)
+    assert sync_trace(trace).comm.update_us_per_byte == 0.0
+    assert apply_what_if(trace, mode="sync").comm.update_us_per_byte == 0.0
+    assert apply_what_if(trace, compute_speedup=4).comm.update_us_per_byte == 0.125
+    # A link what-if keeps it: the update is the cores' work.
+    assert apply_what_if(trace, bandwidth_gbps=10).comm.update_us_per_byte == 0.5
+
+
+def test_the_field_round_trips_and_old_files_load(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    save_trace(with_update(tiny(), 0.25), path)
+    assert json.loads(path.read_text())["comm"]["update_us_per_byte"] == 0.25
+    assert load_trace(path).comm.update_us_per_byte == 0.25
+    save_trace(tiny(), path)
+    assert "update_us_per_byte" not in json.loads(path.read_text())["comm"]
+    assert load_trace(path).comm.update_us_per_byte == 0.0
+
+
+@pytest.mark.parametrize("value", [-1.0, "fast", 1e9])
+def test_a_bad_update_cost_names_its_field(tmp_path: Path, value: object) -> None:
+    path = tmp_path / "t.json"
+    save_trace(tiny(), path)
+    obj = json.loads(path.read_text())
+    obj["comm"]["update_us_per_byte"] = value
+    path.write_text(json.dumps(obj))
+    with pytest.raises(InputError) as err:
+        load_trace(path)
+    assert err.value.field == "comm.update_us_per_byte"
