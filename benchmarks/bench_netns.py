@@ -697,6 +697,14 @@ def profile_trace(batch: int, out: Path) -> Any:
     return trace
 
 
+def with_update(comm: Any, trace: Any) -> Any:
+    """``comm`` with the update the overlapped runtime runs as each unit completes (the
+    optimizer step on its parameters, on the completion thread, before the forward may use
+    them): the profile's ``update_us_per_byte``, else its step per byte of gradient."""
+    per_byte = trace.comm.update_us_per_byte or _step_us(trace) / trace.total_bytes
+    return dataclasses.replace(comm, update_us_per_byte=per_byte)
+
+
 def fit_link(link: Link, backend: str, trace: Any, tmp: Path, reps: int) -> Any:
     """All-reduce cost over the link as ``CommModel`` (with its samples), and its R^2."""
     from pace.profiler.comm import sizes_covering
@@ -885,8 +893,14 @@ def simulate_variants(
 
     def on(variant: str) -> Any:
         comm = run.comms.get(variant, trace.comm)
+        # The overlapped modes update each unit's parameters as it completes, before the
+        # forward may use them; the others step on the training thread (``step``).
+        update = trace.comm.update_us_per_byte if variant in STEP_IN_BACKGROUND else 0.0
         return dataclasses.replace(
-            trace, comm=dataclasses.replace(comm, interference=run.term(variant))
+            trace,
+            comm=dataclasses.replace(
+                comm, interference=run.term(variant), update_us_per_byte=update
+            ),
         )
 
     def slow(variant: str) -> float:
@@ -1063,7 +1077,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                         terms["vanilla"] = fit_link_interference(
                             link, backend, comm, tmp, env=None, tag="vanilla"
                         )
-                    trace = dataclasses.replace(base, comm=comm)
+                    trace = dataclasses.replace(base, comm=with_update(comm, base))
                     # The runtime's own units beside compute (issue, completion, negotiation,
                     # packing), measured before compiling by training a few iterations with the
                     # schedule the probe's term compiles to: their channel time fitted as a
@@ -1090,10 +1104,11 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     # The compiler sees the link as it is, interference included; with
                     # --handoff, the compute as the job measured it (two ranks on the cores,
                     # the backend idling beside them), not as one process alone did.
+                    job = in_job(trace, job_local_ms["local"]) if job_local_ms else trace
                     compiled = dataclasses.replace(
-                        in_job(trace, job_local_ms["local"]) if job_local_ms else trace,
+                        job,
                         comm=dataclasses.replace(
-                            comm,
+                            job.comm,
                             interference=dataclasses.replace(runtime_term, idle_loss=0.0)
                             if job_local_ms
                             else runtime_term,
@@ -1209,9 +1224,21 @@ def measure(args: argparse.Namespace) -> list[Row]:
                             )
                         )
                     _print_rows([r for r in rows if r.rate == rate and r.backend == backend])
+                    if args.keep:
+                        keep_launch_logs(tmp, Path(args.keep) / f"{rate}-{backend}.logs", backend)
         return rows
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def keep_launch_logs(tmp: Path, dest: Path, backend: str) -> None:
+    """Copy the calibration's and the timed launch's files (periods, phases, every rank's unit
+    logs, marks and gradient times) to ``dest``: the launches' raw data, for reading later."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for pattern in (f"train-{backend}.json*", f"handoff-{backend}.json*"):
+        for f in tmp.glob(pattern):
+            if f.is_file():
+                shutil.copy2(f, dest / f.name)
 
 
 def _train(
@@ -2165,8 +2192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--keep",
         metavar="DIR",
-        help="write each rate's trace (with the fitted link) and compiled schedule to DIR, "
-        "e.g. for `pace timeline DIR/1gbit-torch.trace.json.gz --schedule ...`",
+        help="write each rate's trace (with the fitted link), compiled schedule and launch "
+        "logs (every rank's units, marks and gradient times) to DIR, e.g. for `pace timeline "
+        "DIR/1gbit-torch.trace.json.gz --schedule ...`",
     )
     ap.add_argument("--markdown", action="store_true", help="print the final table as markdown")
     ap.add_argument(
