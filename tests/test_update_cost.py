@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 from pace.compiler import apply_what_if, compile_trace, sync_trace
 from pace.errors import InputError
 from pace.io import load_trace, save_trace
-from pace.ir import CommModel, Interference, Op, Tensor, Trace
+from pace.ir import Interference, Trace
 from pace.sim import schedule_policy, simulate
 from pace.sim.policies import fifo
 from tests.strategies import traces
 
+DATA = Path(__file__).parent / "data"
 POLICIES = ("fifo", "tictac", "p3", "ddp", "bytescheduler", "horovod")
 
 
@@ -33,20 +34,7 @@ def with_update(trace: Trace, per_byte: float) -> Trace:
 
 def tiny() -> Trace:
     """docs/design.md's worked example: FIFO finishes at 44 us without updates."""
-    return Trace(
-        model="tiny",
-        ops=(
-            Op(name="bw2", phase="backward", duration_us=10),
-            Op(name="bw1", phase="backward", duration_us=10, deps=("bw2",)),
-            Op(name="fw1", phase="forward", duration_us=5, deps=("bw1",)),
-            Op(name="fw2", phase="forward", duration_us=5, deps=("fw1",)),
-        ),
-        tensors=(
-            Tensor(name="w2", size_bytes=20, producer="bw2", consumers=("fw2",)),
-            Tensor(name="w1", size_bytes=4, producer="bw1", consumers=("fw1",)),
-        ),
-        comm=CommModel(workers=2, alpha_us=0.0, beta_us_per_byte=1.0),
-    )
+    return load_trace(DATA / "tiny.trace.json")
 
 
 def test_the_forward_waits_for_the_update_which_runs_one_unit_after_the_other() -> None:
