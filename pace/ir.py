@@ -143,14 +143,6 @@ class CommModel:
         """Duration of one all-reduce call carrying ``size_bytes`` bytes."""
         return self.alpha_us + self.beta_us_per_byte * size_bytes
 
-    @property
-    def couples_compute(self) -> bool:
-        """Whether replaying this model needs ops and channel in one event loop: compute slows
-        beside communication (an active ``interference``), or a reduced gradient reaches its
-        consumers only after its update (``update_us_per_byte``)."""
-        term = self.interference
-        return (term is not None and term.active) or self.update_us_per_byte > 0
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Trace:

@@ -30,6 +30,7 @@ __all__ = [
     "iteration_us",
     "serial_replay",
     "start_order",
+    "updated_us",
     "window_us",
 ]
 
@@ -177,9 +178,41 @@ def tensor_done_us(arrays: UnitArrays, finish_us: Sequence[float]) -> list[float
     return [max(finish_us[u] for u in owners) for owners in arrays.units_of_tensor]
 
 
+def updated_us(
+    done_us: Sequence[float], size_bytes: Sequence[int], update_us_per_byte: float
+) -> list[float]:
+    """When each reduced tensor reaches its consumers (``comm.update_us_per_byte``): pace's
+    overlapped runtime updates the tensors a completion finishes on one thread, after the
+    update before, for ``update_us_per_byte`` per byte. Tensors done at the same instant are
+    one completion. With no cost, ``done_us``. Reductions never wait for compute, so this pass
+    over their ends is exact under ideal compute (Lemma 1)."""
+    out = list(done_us)
+    if update_us_per_byte <= 0:
+        return out
+    order = sorted(range(len(out)), key=out.__getitem__)
+    free = 0.0  # when the update thread is next idle
+    i = 0
+    while i < len(order):
+        t = done_us[order[i]]
+        j = i
+        total = 0
+        while j < len(order) and done_us[order[j]] == t:
+            total += size_bytes[order[j]]
+            j += 1
+        free = max(free, t) + update_us_per_byte * total
+        for k in order[i:j]:
+            out[k] = free
+        i = j
+    return out
+
+
 def iteration_us(analysis: TraceAnalysis, units: Sequence[Unit]) -> float:
     """The contract's replay of ``units`` (``predicted_iteration_us``), with no timeline."""
     arrays = index_units(analysis, units)
     _, finish = serial_replay(arrays.ready_us, arrays.cost_us, arrays.priority)
-    done = tensor_done_us(arrays, finish)
+    done = updated_us(
+        tensor_done_us(arrays, finish),
+        analysis.size_bytes,
+        analysis.trace.comm.update_us_per_byte,
+    )
     return window_us(analysis.critical_path_us, done, analysis.tail_us)

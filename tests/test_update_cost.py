@@ -14,10 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pace.analysis import analyze
 from pace.compiler import apply_what_if, compile_trace, sync_trace
 from pace.errors import InputError
 from pace.io import load_trace, save_trace
 from pace.ir import Interference, Trace
+from pace.replay import iteration_us, updated_us
 from pace.sim import schedule_policy, simulate
 from pace.sim.policies import fifo
 from tests.strategies import traces
@@ -45,6 +47,17 @@ def test_the_forward_waits_for_the_update_which_runs_one_unit_after_the_other() 
     assert res.tensor_done_us == (30.0, 34.0)  # the reductions' ends, as without updates
     assert res.op_start_us[2] == 42.0
     assert res.iteration_us == 52.0
+    # The event loop, and the one kernel the scheduler scores with, agree.
+    assert simulate(forced_event_loop(with_update(tiny(), 0.5)), fifo()).iteration_us == 52.0
+    assert iteration_us(analyze(with_update(tiny(), 0.5)), res.units) == 52.0
+
+
+def test_tensors_reduced_at_one_instant_are_one_update() -> None:
+    # Two tensors done at 10 (one fused unit) are updated together, 10 us for their 10 bytes;
+    # the one done at 12 waits for that update, then takes its own 2 us.
+    assert updated_us([10.0, 10.0, 12.0], [4, 6, 2], 1.0) == [20.0, 20.0, 22.0]
+    assert updated_us([12.0, 10.0, 10.0], [2, 4, 6], 1.0) == [22.0, 20.0, 20.0]
+    assert updated_us([12.0, 10.0], [2, 4], 0.0) == [12.0, 10.0]
 
 
 @settings(max_examples=60, deadline=None)
@@ -66,16 +79,38 @@ def test_updates_delay_the_window_by_at_most_their_total(
     assert more >= slow.iteration_us - 1e-6 * max(1.0, base)
 
 
+def forced_event_loop(trace: Trace) -> Trace:
+    """``trace`` replayed by the simulator's event loop: a vanishing interference term."""
+    return dataclasses.replace(
+        trace, comm=dataclasses.replace(trace.comm, interference=Interference(idle_loss=1e-300))
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    trace=traces(max_layers=8),
+    per_byte=st.floats(1e-4, 2.0),
+    policy=st.sampled_from(POLICIES),
+)
+def test_the_fast_path_and_the_event_loop_agree_on_the_update(
+    trace: Trace, per_byte: float, policy: str
+) -> None:
+    """The update is a pass over the reductions' ends (``pace.replay.updated_us``) on the fast
+    path, and an update thread in the event loop (``drive_joint``): the same model twice."""
+    slow = with_update(trace, per_byte)
+    fast = simulate(slow, policy)
+    loop = simulate(forced_event_loop(slow), policy)
+    assert fast.iteration_us == pytest.approx(loop.iteration_us, rel=1e-9, abs=1e-6)
+    assert fast.op_start_us == pytest.approx(loop.op_start_us, rel=1e-9, abs=1e-6)
+
+
 @settings(max_examples=40, deadline=None)
 @given(trace=traces(max_layers=6), policy=st.sampled_from(POLICIES))
 def test_no_update_cost_is_the_model_without_it(trace: Trace, policy: str) -> None:
-    # The event loop (forced by a vanishing interference term) with no update cost gives the
-    # fast path's answer.
-    vanishing = dataclasses.replace(
-        trace, comm=dataclasses.replace(trace.comm, interference=Interference(idle_loss=1e-300))
-    )
+    # The event loop with no update cost gives the fast path's answer.
     fast = simulate(trace, policy).iteration_us
-    assert simulate(vanishing, policy).iteration_us == pytest.approx(fast, rel=1e-9, abs=1e-6)
+    loop = simulate(forced_event_loop(trace), policy).iteration_us
+    assert loop == pytest.approx(fast, rel=1e-9, abs=1e-6)
 
 
 @settings(max_examples=25, deadline=None)

@@ -40,9 +40,9 @@ class PieceCandidate:
 
 def replay_us(red: Reduction, units: Sequence[Unit]) -> float:
     """Iteration time of ``units`` under the replay semantics of docs/schedule-format.md: the
-    one kernel, ``pace.replay.iteration_us``; with the trace's interference term or update
-    cost, the simulator's event loop, where compute slows down beside communication and a
-    gradient reaches the forward once updated."""
+    one kernel, ``pace.replay.iteration_us`` (the update after each reduction included); with
+    the trace's interference term, the simulator's event loop, where compute slows down
+    beside communication."""
     analysis = red.tensors.analysis
     if interfering(red):
         from pace.sim import simulate, units_policy
@@ -52,9 +52,9 @@ def replay_us(red: Reduction, units: Sequence[Unit]) -> float:
 
 
 def interfering(red: Reduction) -> bool:
-    """Whether the trace couples compute to communication (``comm.interference``, or
-    ``comm.update_us_per_byte``): only the simulator's event loop replays it."""
-    return red.tensors.analysis.trace.comm.couples_compute
+    """Whether the trace charges communication to concurrent compute (``comm.interference``)."""
+    term = red.tensors.analysis.trace.comm.interference
+    return term is not None and term.active
 
 
 def exact_pieces(

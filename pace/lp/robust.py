@@ -42,6 +42,7 @@ from pace.replay import (
     serial_replay,
     start_order,
     tensor_done_us,
+    updated_us,
     window_us,
 )
 
@@ -218,12 +219,14 @@ def jittered_replays_us(worlds: JitterWorlds, units: Sequence[Unit]) -> list[flo
     rank = [0.0] * len(order)
     for pos, u in enumerate(order):
         rank[u] = float(pos)
+    sizes = worlds.analysis.size_bytes
+    per_byte = worlds.analysis.trace.comm.update_us_per_byte
     out: list[float] = []
     for w in range(worlds.samples):
         rel = worlds.release_us[w].tolist()
         ready = issue_ready_us([max(rel[k] for k in members) for members in arrays.tensors], order)
         _, finish = serial_replay(ready, arrays.cost_us, rank)
-        done = tensor_done_us(arrays, finish)
+        done = updated_us(tensor_done_us(arrays, finish), sizes, per_byte)
         out.append(
             window_us(float(worlds.compute_makespan_us[w]), done, worlds.tail_us[w].tolist())
         )

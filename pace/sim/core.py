@@ -41,7 +41,7 @@ from pace.analysis import TraceAnalysis, analyze
 from pace.checks import require_int
 from pace.errors import InputError
 from pace.ir import Schedule, Trace, Unit
-from pace.replay import index_units, serial_replay, tensor_done_us, window_us
+from pace.replay import index_units, serial_replay, tensor_done_us, updated_us, window_us
 from pace.sim import channels, drivers
 
 
@@ -188,7 +188,8 @@ def schedule_policy(
 
 
 class _Lazy:
-    """Op times and overlap, computed on first access (replays used as an oracle skip them)."""
+    """Op times and overlap, computed on first access (replays used as an oracle skip them).
+    ``tensor_done_us``: when each tensor reaches its consumers (after its update, if any)."""
 
     __slots__ = ("barrier_gate_us", "cache", "prep", "tensor_done_us")
 
@@ -368,10 +369,9 @@ def _simulate(
     interference = trace.comm.interference
     if interference is not None and not interference.active:
         interference = None
-    # Interference, or an update between a reduction and its consumers, couples compute to
-    # communication, so releases are no longer fixed (Lemma 1's split does not hold): ops and
-    # channel run in one event loop.
-    if serial or force_event_loop or trace.comm.couples_compute:
+    # Interference couples compute to communication, so releases are no longer fixed
+    # (Lemma 1's split does not hold): ops and channel run in one event loop.
+    if serial or force_event_loop or interference is not None:
         joint = drivers.drive_joint(
             prep,
             ch,
@@ -385,6 +385,7 @@ def _simulate(
         cache["op"] = (tuple(joint.op_start_us), tuple(joint.op_finish_us))
         comm_end = max(ufinish, default=0.0)
         iteration = max(max(joint.op_finish_us, default=0.0), comm_end)
+        avail, gate = done, comm_end  # the op times are the event loop's (cached above)
     else:
         if cu is not None and not agreed and (credit == 1 or not queued):
             if credit == 1:
@@ -398,12 +399,15 @@ def _simulate(
             done = drivers.drive_ideal(prep, ch)
             units, ustart, ufinish = ch.records()
         comm_end = max(ufinish, default=0.0)
-        iteration = window_us(max(prep.critical_path_us, comm_end), done, prep.tail_us)
+        # The consumers (and a barrier) wait for the update after each reduction, if any.
+        avail = updated_us(done, prep.size_bytes, trace.comm.update_us_per_byte)
+        gate = max(avail, default=0.0)
+        iteration = window_us(max(prep.critical_path_us, comm_end), avail, prep.tail_us)
         if barrier and any(prep.gated):
-            iteration = max(iteration, comm_end + prep.barrier_tail_us)
+            iteration = max(iteration, gate + prep.barrier_tail_us)
 
     busy = covered_us(zip(ustart, ufinish, strict=True))
-    lazy = _Lazy(prep, done, comm_end if barrier else None, cache)
+    lazy = _Lazy(prep, avail, gate if barrier else None, cache)
     return SimResult(
         policy=pol.name,
         iteration_us=float(iteration),
