@@ -16,6 +16,7 @@ jittered worlds.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -186,23 +187,16 @@ def updated_us(
     update before, for ``update_us_per_byte`` per byte. Tensors done at the same instant are
     one completion. With no cost, ``done_us``. Reductions never wait for compute, so this pass
     over their ends is exact under ideal compute (Lemma 1)."""
+    if update_us_per_byte <= 0:  # no copy on the hot path: callers only read the result
+        return done_us if isinstance(done_us, list) else list(done_us)
     out = list(done_us)
-    if update_us_per_byte <= 0:
-        return out
-    order = sorted(range(len(out)), key=out.__getitem__)
     free = 0.0  # when the update thread is next idle
-    i = 0
-    while i < len(order):
-        t = done_us[order[i]]
-        j = i
-        total = 0
-        while j < len(order) and done_us[order[j]] == t:
-            total += size_bytes[order[j]]
-            j += 1
-        free = max(free, t) + update_us_per_byte * total
-        for k in order[i:j]:
+    by_end = sorted(range(len(out)), key=done_us.__getitem__)
+    for t, group in itertools.groupby(by_end, key=done_us.__getitem__):
+        members = list(group)
+        free = max(free, t) + update_us_per_byte * sum(size_bytes[k] for k in members)
+        for k in members:
             out[k] = free
-        i = j
     return out
 
 

@@ -26,6 +26,12 @@ from tests.strategies import traces
 
 DATA = Path(__file__).parent / "data"
 POLICIES = ("fifo", "tictac", "p3", "ddp", "bytescheduler", "horovod")
+# A random trace, an update cost and a policy (the property tests below).
+UPDATE_CASES = {
+    "trace": traces(max_layers=8),
+    "per_byte": st.floats(1e-4, 2.0),
+    "policy": st.sampled_from(POLICIES),
+}
 
 
 def with_update(trace: Trace, per_byte: float) -> Trace:
@@ -61,11 +67,7 @@ def test_tensors_reduced_at_one_instant_are_one_update() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    trace=traces(max_layers=8),
-    per_byte=st.floats(1e-4, 2.0),
-    policy=st.sampled_from(POLICIES),
-)
+@given(**UPDATE_CASES)
 def test_updates_delay_the_window_by_at_most_their_total(
     trace: Trace, per_byte: float, policy: str
 ) -> None:
@@ -87,11 +89,7 @@ def forced_event_loop(trace: Trace) -> Trace:
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    trace=traces(max_layers=8),
-    per_byte=st.floats(1e-4, 2.0),
-    policy=st.sampled_from(POLICIES),
-)
+@given(**UPDATE_CASES)
 def test_the_fast_path_and_the_event_loop_agree_on_the_update(
     trace: Trace, per_byte: float, policy: str
 ) -> None:
