@@ -232,6 +232,9 @@ def _rank_cmd(link: Link, rank: int, argv: Sequence[str], script: str = __file__
     return ["ip", "netns", "exec", link.ns[rank], sys.executable, script, *argv]
 
 
+PIN_ENV = "PACE_BENCH_PIN"  # set by --pin: each rank's process on a core of its own
+
+
 def _base_env() -> dict[str, str]:
     return dict(
         os.environ,
@@ -239,6 +242,19 @@ def _base_env() -> dict[str, str]:
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
     )
+
+
+def pin_rank() -> int | None:
+    """Under ``--pin``, put this rank's process (every thread it starts from now on: the
+    training thread, the runtime's, Horovod's and gloo's) on core ``rank % cores``, as if each
+    rank had a machine of its own; the core, or None when not pinned. Called before anything
+    starts a thread."""
+    if os.environ.get(PIN_ENV) != "1":
+        return None
+    rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("RANK", "0")))
+    core = sorted(os.sched_getaffinity(0))[rank % len(os.sched_getaffinity(0))]
+    os.sched_setaffinity(0, {core})
+    return core
 
 
 def launch(
@@ -497,6 +513,14 @@ def worker_train(args: argparse.Namespace) -> None:
         model = vgg_cifar(NUM_CLASSES)
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
         if kind.startswith("local"):
+            # The same marks and gradient times as the runtime's monitor gives its variants
+            # (no units): `local`'s backward to the first unit's gradients, against the
+            # runtime's (``local_backward_ms``).
+            log = unit_logs.setdefault(kind, UnitLog())
+            for i, p in enumerate(model.parameters()):
+                p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                    lambda _p, i=i: log.on_grad_ready(i, time.perf_counter() * 1e6)
+                )
             return model, opt
         if kind in ("vanilla", "vanilla-nofusion"):
             if args.backend == "horovod":
@@ -599,7 +623,8 @@ def worker_train(args: argparse.Namespace) -> None:
     # one (``slower_rank``).
     Path(f"{args.out}.rank{rank}").write_text(json.dumps(periods))
     for kind, log in unit_logs.items():  # what each unit held the channel for (merged_units)
-        Path(f"{args.out}.{kind}.units.rank{rank}").write_text(json.dumps(log.done))
+        if kind in RUNTIME_VARIANTS:  # `local`: no units, only marks and gradients
+            Path(f"{args.out}.{kind}.units.rank{rank}").write_text(json.dumps(log.done))
         Path(f"{args.out}.{kind}.marks.rank{rank}").write_text(json.dumps(log.marks))
         Path(f"{args.out}.{kind}.grads.rank{rank}").write_text(json.dumps(log.grads))
     if rank == 0:
@@ -835,6 +860,12 @@ class IdleSplit:
     head_backward_ms: float | None = None
     head_dispatch_ms: float | None = None
     head_skew_ms: float | None = None
+    # How many gradients that rank had marked ready after its forward's end when it issued the
+    # unit (median), and how long `local`'s backward took to mark as many in the same launch
+    # (``local_backward_ms``, its slower rank): the same stretch of compute without the
+    # runtime or its collectives.
+    head_gradients: int | None = None
+    head_local_ms: float | None = None
 
 
 class Predicted(NamedTuple):
@@ -1215,6 +1246,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                                 idle=_idle_of(
                                     tmp / f"train-{backend}.json.{variant}",
                                     iterations_per_block(args.steps),
+                                    tmp / f"train-{backend}.json.{local_of(variant, backend)}",
                                 ),
                                 predicted_idle=sims[variant].idle if variant in sims else None,
                                 calibrated_ms=calibrated.get(variant),
@@ -1446,6 +1478,7 @@ def measured_idle(
         of_iteration.setdefault(bisect.bisect_left(ends0, done_s) - 1, []).append(i)
     tails, heads, withins = [], [], []
     split: list[tuple[float, float, float]] = []  # per iteration: backward, dispatch, skew
+    counts: list[int] = []  # per iteration: gradients marked after the forward, before issue
     for it in range(len(ends0)):
         if not 1 <= it % per_block <= per_block - 2:
             continue  # the block's first (nothing before it) and last (drained) iterations
@@ -1462,6 +1495,7 @@ def measured_idle(
             last = max(range(len(issued)), key=issued.__getitem__)
             ready = grads[last][: bisect.bisect_right(grads[last], issued[last])]
             backward_end = ready[-1] if ready else marks[last][it][1]
+            counts.append(len(ready) - bisect.bisect_right(grads[last], marks[last][it][1]))
             split.append(
                 (
                     backward_end - marks[last][it][1],
@@ -1479,20 +1513,58 @@ def measured_idle(
         head_backward_ms=parts[0] if parts else None,
         head_dispatch_ms=parts[1] if parts else None,
         head_skew_ms=parts[2] if parts else None,
+        head_gradients=round(statistics.median(counts)) if counts else None,
     )
 
 
-def _idle_of(prefix: Path, per_block: int) -> IdleSplit | None:
+def local_backward_ms(
+    marks: Sequence[Sequence[Sequence[float]]],
+    grads: Sequence[Sequence[float]],
+    per_block: int,
+    count: int,
+) -> float | None:
+    """How long `local`'s backward took to mark ``count`` gradients ready after its forward's
+    end: per iteration the slower rank's (``slower_rank``), the median over the iterations
+    ``measured_idle`` counts; None where none had that many. ``marks``, ``grads`` (sorted):
+    every rank's, as the runtime's monitor gives them (the worker logs `local`'s too)."""
+    per_iteration = []
+    for it in range(len(marks[0])):
+        if not 1 <= it % per_block <= per_block - 2:
+            continue
+        took = []
+        for m, g in zip(marks, grads, strict=True):
+            first = bisect.bisect_right(g, m[it][1])
+            if count < 1 or first + count > len(g) or g[first + count - 1] > m[it][2]:
+                break  # fewer than ``count`` gradients before this backward's end
+            took.append(g[first + count - 1] - m[it][1])
+        else:
+            per_iteration.append(max(took))
+    return statistics.median(per_iteration) * 1e3 if per_iteration else None
+
+
+def _idle_of(prefix: Path, per_block: int, local: Path | None = None) -> IdleSplit | None:
     """``measured_idle`` of a runtime variant's logs in a launch (``{prefix}.units.rank{r}``,
-    ``{prefix}.marks.rank{r}``); None where it logged no units."""
+    ``{prefix}.marks.rank{r}``); None where it logged no units. With ``local`` (the prefix of
+    the same launch's `local` logs), also `local`'s backward to as many gradients."""
     logs = read_unit_logs(Path(f"{prefix}.units"))
     if logs is None:
         return None
-    marks = [json.loads(Path(f"{prefix}.marks.rank{r}").read_text()) for r in range(len(logs))]
-    grads = [
-        sorted(json.loads(Path(f"{prefix}.grads.rank{r}").read_text())) for r in range(len(logs))
-    ]
-    return measured_idle(logs, marks, per_block, grads)
+    marks, grads = _marks_and_grads(prefix, len(logs))
+    idle = measured_idle(logs, marks, per_block, grads)
+    if idle is None or idle.head_gradients is None or local is None:
+        return idle
+    if not Path(f"{local}.marks.rank0").exists():
+        return idle
+    local_ms = local_backward_ms(
+        *_marks_and_grads(local, len(logs)), per_block, idle.head_gradients
+    )
+    return dataclasses.replace(idle, head_local_ms=local_ms)
+
+
+def _marks_and_grads(prefix: Path, ranks: int) -> tuple[list[Any], list[list[float]]]:
+    marks = [json.loads(Path(f"{prefix}.marks.rank{r}").read_text()) for r in range(ranks)]
+    grads = [sorted(json.loads(Path(f"{prefix}.grads.rank{r}").read_text())) for r in range(ranks)]
+    return marks, grads
 
 
 def local_of(variant: str, backend: str) -> str:
@@ -2152,7 +2224,8 @@ def _print_idle(rows: Sequence[Row], *, markdown: bool = False) -> None:
     """Per overlapped variant: where its channel idled in an iteration (``IdleSplit``),
     measured and in the replay: the part of a period's miss that is not the channel's."""
     head = ["rate", "backend", "variant", "tail ms", "predicted", "head ms", "predicted"]
-    head += ["within ms", "predicted", "idle miss ms", "head: backward", "dispatch", "skew"]
+    head += ["within ms", "predicted", "idle miss ms", "head: backward", "local's", "dispatch"]
+    head += ["skew"]
     lines = []
     for r in rows:
         got, want = r.idle, r.predicted_idle
@@ -2162,7 +2235,7 @@ def _print_idle(rows: Sequence[Row], *, markdown: bool = False) -> None:
         pairs.append((got.within_ms, want.within_ms))
         miss = sum(a - b for a, b in pairs)
         cells = [r.rate, r.backend, r.variant, *(_ms(x) for pair in pairs for x in pair)]
-        split = (got.head_backward_ms, got.head_dispatch_ms, got.head_skew_ms)
+        split = (got.head_backward_ms, got.head_local_ms, got.head_dispatch_ms, got.head_skew_ms)
         lines.append([*cells, f"{miss:+.1f}", *(_ms(x) for x in split)])
     if lines:
         _print_table(head, lines, markdown=markdown)
@@ -2221,7 +2294,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="K=V,...",
         help="Horovod settings for the pace launch on top of the runtime's (an experiment)",
     )
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin each rank's process to a core of its own (an experiment: the ranks stop "
+        "taking each other's cores, as on separate machines)",
+    )
     args, rest = ap.parse_known_args(argv)
+    if args.pin:
+        os.environ[PIN_ENV] = "1"
     _HOROVOD_OVERRIDES.update(env_pairs(args.horovod_env))
     if args.role == "main" and REINIT_CRASHES.intersection(_HOROVOD_OVERRIDES):
         _say(REINIT_WARNING)
@@ -2230,6 +2311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     workers = {"comm": worker_comm, "train": worker_train, "interference": worker_interference}
     if args.role in workers:
+        pin_rank()
         workers[args.role](args)
         _close_backend(args.backend)
         return 0
@@ -2276,7 +2358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "within = between the iteration's units; idle miss = the three misses summed (about "
         "the period's miss less the channel's: each part is its own median); the head on the "
         "rank that issued the first unit last: backward = from its forward's end to the last "
-        "gradient marked ready before its issue (what the replay's head models), dispatch = "
+        "gradient marked ready before its issue (what the replay's head models), local's = "
+        "how long the same launch's `local` took from its forward's end to as many gradients "
+        "(its slower rank: the same compute without the runtime), dispatch = "
         "from there to its issue (the runtime's wake-up and the unit's packing), skew = how "
         "much later than the other rank it issued"
     )

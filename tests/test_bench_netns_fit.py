@@ -514,6 +514,45 @@ def test_the_measured_idle_is_the_gaps_of_the_timeline_the_logs_describe(
     assert got.head_skew_ms == pytest.approx(skew, abs=1e-6)
 
 
+def test_the_head_counts_the_gradients_before_the_issue() -> None:
+    """One rank per iteration issues the first unit after two of its gradients (the others
+    come after the issue); the count is that rank's, not the other's."""
+    per_block = 3
+    per_rank: list[list[tuple[int, float, float]]] = [[], []]
+    marks: list[list[tuple[float, float, float]]] = [[], []]
+    grads: list[list[float]] = [[], []]
+    for it in range(per_block):
+        f = 10.0 * it + 1.0  # forward end; the unit is issued 0.5 s later on rank 1, 0.3 on rank 0
+        for r, (issue, before) in enumerate([(f + 0.3, 1), (f + 0.5, 2)]):
+            marks[r].append((f - 1.0, f, f + 2.0))
+            grads[r] += [f + 0.1 * (k + 1) for k in range(before)] + [issue + 0.01, issue + 0.02]
+            per_rank[r].append((8, 0.1e6, issue + 0.1))  # its unit, done 0.1 s after its issue
+    got = bench_netns.measured_idle(per_rank, marks, per_block, [sorted(g) for g in grads])
+    assert got is not None
+    assert got.head_gradients == 2
+
+
+def test_local_backward_is_the_slower_ranks_time_to_as_many_gradients() -> None:
+    per_block = 4  # iterations 1 and 2 of each block count
+    marks: list[list[tuple[float, float, float]]] = [[], []]
+    grads: list[list[float]] = [[], []]
+    want = []
+    for it in range(2 * per_block):
+        f = 10.0 * it + 1.0
+        offsets = [[0.1, 0.2 + it / 100, 0.5], [0.15, 0.25, 0.6]]  # rank 0 slower from it 5 on
+        for r in range(2):
+            marks[r].append((f - 1.0, f, f + 1.0))
+            grads[r] += [f + x for x in offsets[r]]
+        if 1 <= it % per_block <= 2:
+            want.append(max(offsets[0][1], offsets[1][1]))
+    got = bench_netns.local_backward_ms(marks, grads, per_block, 2)
+    assert got == pytest.approx(np.median(want) * 1e3)
+    assert bench_netns.local_backward_ms(marks, grads, per_block, 3) == pytest.approx(600.0)
+    # More gradients than a backward marks, or none: nothing to compare.
+    assert bench_netns.local_backward_ms(marks, grads, per_block, 4) is None
+    assert bench_netns.local_backward_ms(marks, grads, per_block, 0) is None
+
+
 def test_marks_that_are_not_whole_blocks_are_refused() -> None:
     marks = [[(0.0, 1.0, 2.0)] * 5, [(0.0, 1.0, 2.0)] * 5]
     with pytest.raises(ValueError, match="whole blocks of 3"):

@@ -104,3 +104,28 @@ def test_the_goal_table_takes_the_higher_of_the_link_bound_and_the_cpu_floor(
         assert f"{600.0 / 520.0:.3f}x" in out  # the speed-up
         assert f"{600.0 / most:.3f}x" in out  # the most any schedule could gain
         assert "90%" in out
+
+
+@pytest.mark.parametrize(
+    ("env", "cores", "want"),
+    [
+        ({"PACE_BENCH_PIN": "1", "RANK": "1"}, {0, 1}, 1),  # torch.distributed's rank
+        ({"PACE_BENCH_PIN": "1", "HOROVOD_RANK": "0", "RANK": "1"}, {2, 3}, 2),  # Horovod's wins
+        ({"PACE_BENCH_PIN": "1", "HOROVOD_RANK": "3"}, {4, 6}, 6),  # rank % cores, in order
+        ({"RANK": "1"}, {0, 1}, None),  # not asked: nothing pinned
+    ],
+)
+def test_pin_puts_each_rank_on_a_core_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], cores: set[int], want: int | None
+) -> None:
+    from benchmarks import bench_netns
+
+    for key in ("PACE_BENCH_PIN", "RANK", "HOROVOD_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    pinned: list[set[int]] = []
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(cores))
+    monkeypatch.setattr("os.sched_setaffinity", lambda _pid, c: pinned.append(c))
+    assert bench_netns.pin_rank() == want
+    assert pinned == ([] if want is None else [{want}])
