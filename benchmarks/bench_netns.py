@@ -252,7 +252,8 @@ def pin_rank() -> int | None:
     if os.environ.get(PIN_ENV) != "1":
         return None
     rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("RANK", "0")))
-    core = sorted(os.sched_getaffinity(0))[rank % len(os.sched_getaffinity(0))]
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[rank % len(cores)]
     os.sched_setaffinity(0, {core})
     return core
 
@@ -1446,6 +1447,12 @@ def merged_spans(per_rank: Sequence[Sequence[Sequence[float]]]) -> list[tuple[in
     return out
 
 
+def counted_iteration(it: int, per_block: int) -> bool:
+    """Whether the idle split counts iteration ``it`` of blocks of ``per_block``: not a
+    block's first (nothing before it) nor its last (drained)."""
+    return 1 <= it % per_block <= per_block - 2
+
+
 def measured_idle(
     per_rank: Sequence[Sequence[Sequence[float]]],
     marks: Sequence[Sequence[Sequence[float]]],
@@ -1480,8 +1487,8 @@ def measured_idle(
     split: list[tuple[float, float, float]] = []  # per iteration: backward, dispatch, skew
     counts: list[int] = []  # per iteration: gradients marked after the forward, before issue
     for it in range(len(ends0)):
-        if not 1 <= it % per_block <= per_block - 2:
-            continue  # the block's first (nothing before it) and last (drained) iterations
+        if not counted_iteration(it, per_block):
+            continue
         before, units = of_iteration.get(it - 1), of_iteration.get(it)
         if not before or not units:
             continue
@@ -1529,7 +1536,7 @@ def local_backward_ms(
     every rank's, as the runtime's monitor gives them (the worker logs `local`'s too)."""
     per_iteration = []
     for it in range(len(marks[0])):
-        if not 1 <= it % per_block <= per_block - 2:
+        if not counted_iteration(it, per_block):
             continue
         took = []
         for m, g in zip(marks, grads, strict=True):
