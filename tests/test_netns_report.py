@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.bench_netns import Row, _print_goal, cpu_floor_ms, ranking_agreement, read_cpu
+from benchmarks.bench_netns import (
+    Row,
+    _print_goal,
+    against_vanilla,
+    cpu_floor_ms,
+    goal_verdict,
+    ranking_agreement,
+    read_cpu,
+)
 
 
 def _row(variant: str, measured: float, iqr: float, predicted: float, rate: str = "1gbit") -> Row:
@@ -104,6 +112,46 @@ def test_the_goal_table_takes_the_higher_of_the_link_bound_and_the_cpu_floor(
         assert f"{600.0 / 520.0:.3f}x" in out  # the speed-up
         assert f"{600.0 / most:.3f}x" in out  # the most any schedule could gain
         assert "90%" in out
+        # Exposed 33%, 1.154x: the goal met; no CIs on these rows: no verdict against vanilla.
+        assert "within the spread" in out
+        assert "met" in out
+        assert "not met" not in out
+
+
+@pytest.mark.parametrize(
+    ("vanilla_ci", "pace_ci", "want"),
+    [
+        ((1275.0, 1342.0), (1143.0, 1212.0), "faster"),  # 0.5 Gbit/s, Horovod, 2026-11-25
+        ((732.0, 795.0), (818.0, 951.0), "slower"),  # 2 Gbit/s, Horovod, the same run
+        ((835.0, 880.0), (782.0, 871.0), "within the spread"),  # 2 Gbit/s, torch
+        ((800.0, 900.0), (900.0, 950.0), "within the spread"),  # touching: not apart
+        (None, (700.0, 720.0), "within the spread"),  # no CI: no verdict either way
+    ],
+)
+def test_pace_against_vanilla_is_decided_by_the_cis(
+    vanilla_ci: tuple[float, float] | None, pace_ci: tuple[float, float], want: str
+) -> None:
+    vanilla = dataclasses.replace(_row("vanilla", 800.0, 10.0, 800.0), median_ci_ms=vanilla_ci)
+    pace = dataclasses.replace(_row("pace", 800.0, 10.0, 800.0), median_ci_ms=pace_ci)
+    assert against_vanilla(vanilla, pace) == want
+
+
+@pytest.mark.parametrize(
+    ("exposed", "speedup", "most", "want"),
+    [
+        (1.00, 1.142, 1.273, "not met"),  # 0.5 Gbit/s, Horovod, 2026-11-25
+        (0.28, 0.983, 1.142, "out of reach"),  # 2 Gbit/s, torch: no schedule could
+        (-0.04, 0.836, 1.032, "n/a"),  # 2 Gbit/s, Horovod: nothing exposed to win back
+        (0.149, 1.0, 1.5, "n/a"),  # just below the threshold
+        (0.15, 1.15, 1.2, "met"),  # at the threshold and at the goal
+        (0.84, 1.168, 1.326, "met"),  # 0.5 Gbit/s, Horovod, the day's other run
+        (0.5, 1.1, None, "not met"),  # no bound known: not "out of reach"
+    ],
+)
+def test_the_goal_applies_where_vanilla_is_exposed(
+    exposed: float, speedup: float, most: float | None, want: str
+) -> None:
+    assert goal_verdict(exposed, speedup, most) == want
 
 
 @pytest.mark.parametrize(
