@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from pace.ir import Trace
@@ -80,6 +81,15 @@ def horovodrun_loopback(script: str, worker_args: list[str]) -> str:
         timeout=1800,
     )
     return out.stdout
+
+
+def iqr(xs: Sequence[float], *, method: str = "exclusive") -> float:
+    """The interquartile range of ``xs`` (``statistics.quantiles`` with ``method``); 0.0 for
+    fewer than two values."""
+    if len(xs) < 2:
+        return 0.0
+    q = statistics.quantiles(xs, n=4, method=method)
+    return q[2] - q[0]
 
 
 def env_pairs(text: str) -> dict[str, str]:

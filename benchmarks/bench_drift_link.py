@@ -49,6 +49,8 @@ if str(HERE) not in sys.path:
 
 import bench_netns as netns  # noqa: E402
 
+from benchmarks._common import iqr  # noqa: E402
+
 VARIANTS = ("vanilla", "online", "static", "drift")
 
 
@@ -134,13 +136,6 @@ def worker(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- orchestration
 
 
-def _iqr(xs: list[float]) -> float:
-    if len(xs) < 2:
-        return 0.0
-    q = statistics.quantiles(xs, n=4)
-    return q[2] - q[0]
-
-
 def report(res: dict[str, Any], phase: int, rates: list[str]) -> None:
     names = [f"{rates[0]} (before)", f"{rates[1]} (changed)", f"{rates[0]} (restored)"]
     print(f"\nmedian iteration period, ms (IQR), {phase} iterations per phase")
@@ -151,7 +146,7 @@ def report(res: dict[str, Any], phase: int, rates: list[str]) -> None:
         cells = [kind]
         for i in range(3):
             seg = [v * 1e3 for v in p[i * phase : (i + 1) * phase]]
-            cells.append(f"{statistics.median(seg):.1f} ({_iqr(seg):.1f})")
+            cells.append(f"{statistics.median(seg):.1f} ({iqr(seg):.1f})")
         rows.append(cells)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))

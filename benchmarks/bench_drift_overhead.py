@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._common import iqr  # noqa: E402
+
 
 def worker(args: argparse.Namespace) -> None:
     import torch
@@ -121,9 +123,8 @@ def worker(args: argparse.Namespace) -> None:
         base = statistics.median(periods["drift-off"])
         print(f"{'variant':<10} {'median ms':>10} {'IQR ms':>8} {'vs off':>8}")
         for kind, ps in periods.items():
-            q = statistics.quantiles(ps, n=4)
             med = statistics.median(ps)
-            print(f"{kind:<10} {med * 1e3:>10.2f} {(q[2] - q[0]) * 1e3:>8.2f} {med / base:>8.3f}")
+            print(f"{kind:<10} {med * 1e3:>10.2f} {iqr(ps) * 1e3:>8.2f} {med / base:>8.3f}")
         print(
             f"(2 ranks, gloo on loopback, MLP {args.layers}x{args.width}, batch {args.batch}; "
             f"{args.blocks} alternating blocks x {args.steps} iterations per variant; drift "

@@ -99,7 +99,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from benchmarks._common import compute_only_us, env_pairs, host_busy_ms  # noqa: E402
+from benchmarks._common import compute_only_us, env_pairs, host_busy_ms, iqr  # noqa: E402
 
 MODEL = "pace:vgg-cifar"
 NUM_CLASSES = 10
@@ -1231,14 +1231,13 @@ def measure(args: argparse.Namespace) -> list[Row]:
                         else {}
                     )
                     for variant, periods in measured.items():
-                        q = statistics.quantiles(periods, n=4) if len(periods) > 1 else [0, 0, 0]
                         rows.append(
                             Row(
                                 rate=rate,
                                 backend=backend,
                                 variant=variant,
                                 measured_ms=median_ms[variant],
-                                spread_ms=(q[2] - q[0]) * 1e3,
+                                spread_ms=iqr(periods) * 1e3,
                                 median_ci_ms=median_ci_ms(periods),
                                 predicted_ms=pred.get(variant),
                                 independent_ms=independent.get(variant),
@@ -1539,6 +1538,8 @@ def local_backward_ms(
     end: per iteration the slower rank's (``slower_rank``), the median over the iterations
     ``measured_idle`` counts; None where none had that many. ``marks``, ``grads`` (sorted):
     every rank's, as the runtime's monitor gives them (the worker logs `local`'s too)."""
+    if count < 1:
+        return None
     per_iteration = []
     for it in range(len(marks[0])):
         if not counted_iteration(it, per_block):
@@ -1546,7 +1547,7 @@ def local_backward_ms(
         took = []
         for m, g in zip(marks, grads, strict=True):
             first = bisect.bisect_right(g, m[it][1])
-            if count < 1 or first + count > len(g) or g[first + count - 1] > m[it][2]:
+            if first + count > len(g) or g[first + count - 1] > m[it][2]:
                 break  # fewer than ``count`` gradients before this backward's end
             took.append(g[first + count - 1] - m[it][1])
         else:
@@ -2392,8 +2393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "the least, over the communicating variants of the timed launch, of the fraction of "
         "the host's cores busy (both ranks and the kernel's network work) times the median "
         "period; max speed-up = vanilla over the higher of the two; pace vs vanilla = faster "
-        "or slower where the medians' 95% CIs are apart; the 1.15x goal applies where vanilla "
-        "is exposed by 15% or more (out of reach: the max speed-up is below it)"
+        "or slower where the medians' 95% CIs are apart; the "
+        f"{GOAL_SPEEDUP:g}x goal applies where vanilla is exposed by {GOAL_EXPOSED:.0%} or more "
+        "(out of reach: the max speed-up is below it)"
     )
     _print_goal(rows, markdown=args.markdown)
     print()

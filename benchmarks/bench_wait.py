@@ -25,11 +25,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+
+from benchmarks._common import iqr  # noqa: E402
 
 MODES = ("warm", "sleep", "spin", "stream")
 STREAM_FLOATS = 8 << 20  # two buffers of 32 MiB: far beyond the caches
@@ -79,8 +87,7 @@ def head_ms(stamps_s: Sequence[float], forward_end_s: float, gradient: int) -> f
 
 def summary(values: Sequence[float]) -> tuple[float, float]:
     """Median and interquartile range."""
-    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [0, 0, 0]
-    return statistics.median(values), q[2] - q[0]
+    return statistics.median(values), iqr(values, method="inclusive")
 
 
 def measure(rounds: int, wait_s: float, gradient: int) -> dict[str, list[tuple[float, ...]]]:

@@ -177,3 +177,13 @@ def test_pin_puts_each_rank_on_a_core_of_its_own(
     monkeypatch.setattr("os.sched_setaffinity", lambda _pid, c: pinned.append(c))
     assert bench_netns.pin_rank() == want
     assert pinned == ([] if want is None else [{want}])
+
+
+def test_iqr_is_the_quartiles_apart_and_zero_below_two_values() -> None:
+    from benchmarks._common import iqr
+
+    xs = [100.0, 110.0, 120.0]
+    assert iqr(xs) == 20.0  # statistics' default ("exclusive") quartiles: 100 and 120
+    assert iqr(xs, method="inclusive") == 10.0  # 105 and 115
+    assert iqr([5.0]) == 0.0
+    assert iqr([]) == 0.0
