@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Literal
 
 from pace.ir import Trace
 
@@ -83,7 +84,7 @@ def horovodrun_loopback(script: str, worker_args: list[str]) -> str:
     return out.stdout
 
 
-def iqr(xs: Sequence[float], *, method: str = "exclusive") -> float:
+def iqr(xs: Sequence[float], *, method: Literal["inclusive", "exclusive"] = "exclusive") -> float:
     """The interquartile range of ``xs`` (``statistics.quantiles`` with ``method``); 0.0 for
     fewer than two values."""
     if len(xs) < 2:

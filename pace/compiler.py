@@ -17,7 +17,15 @@ from dataclasses import dataclass, field
 
 from pace.errors import InputError, SolverError
 from pace.hedge import check_alternatives, least_regret, regrets
-from pace.ir import SCHEDULE_MODES, FusionPlan, Schedule, ScheduleMode, Trace, Unit
+from pace.ir import (
+    FRAMEWORK_POLICIES,
+    SCHEDULE_MODES,
+    FusionPlan,
+    Schedule,
+    ScheduleMode,
+    Trace,
+    Unit,
+)
 from pace.options import FUSION_METHODS, SOLVERS, FusionMethod, Solver
 from pace.replay import start_order
 
@@ -44,6 +52,9 @@ class CompileResult:
     compile_seconds: float
     warnings: tuple[str, ...] = ()
     stage_seconds: Mapping[str, float] = field(default_factory=dict)
+    # The framework's own path replayed on the same trace (``framework_path_us``), where the
+    # trace measured it (``comm.framework``); ``schedule.framework`` says whether it won.
+    framework_us: float | None = None
 
     @property
     def gap(self) -> float:
@@ -51,6 +62,69 @@ class CompileResult:
         if self.lower_bound_us <= 0:
             return 0.0
         return self.predicted_iteration_us / self.lower_bound_us - 1.0
+
+
+def framework_path_us(trace: Trace) -> float | None:
+    """The framework's own path (``trace.comm.framework``) replayed on ``trace`` (as compiled:
+    what-ifs and the mode applied), comparable with a compiled schedule's prediction there;
+    ``None`` where the trace has no such measurement.
+
+    Its calls cost what the framework's were measured to (``FrameworkPath``), beside compute
+    as its own interference term says (the trace's where it has none), under the simulator
+    policy that describes the path (``FRAMEWORK_POLICIES``). Its optimizer step runs on the
+    training thread after every reduction, outside the replayed window, where the overlapped
+    schedule's replay charges each unit's update inside it (``update_us_per_byte``); so the
+    step the overlapped replay charges is added (0 in the sync mode, whose replay has none).
+    """
+    from pace.sim import simulate
+
+    path = trace.comm.framework
+    if path is None:
+        return None
+    step_us = trace.comm.update_us_per_byte * trace.total_bytes
+    comm = dataclasses.replace(
+        trace.comm,
+        alpha_us=path.alpha_us,
+        beta_us_per_byte=path.beta_us_per_byte,
+        interference=path.interference
+        if path.interference is not None
+        else trace.comm.interference,
+        update_us_per_byte=0.0,
+        framework=None,
+    )
+    policy = FRAMEWORK_POLICIES[path.backend]
+    return float(simulate(dataclasses.replace(trace, comm=comm), policy).iteration_us) + step_us
+
+
+def _weigh_framework(
+    sched: Schedule, compiled: Trace, given: Trace, warnings: list[str], *, choose: bool
+) -> tuple[Schedule, float | None]:
+    """``sched`` marked to train with the framework's own path where ``choose`` and that path
+    replays faster than its units (``framework_path_us``); the path's replay time, or
+    ``None`` where the trace has none."""
+    if compiled.comm.framework is None:
+        if given.comm.framework is not None:
+            warnings.append(
+                "the framework's own path (comm.framework) is not weighed under a bandwidth or "
+                "workers what-if: it was measured on the profiled link only"
+            )
+        return sched, None
+    fw_us = framework_path_us(compiled)
+    assert fw_us is not None
+    if not choose or fw_us >= sched.predicted_iteration_us:
+        return sched, fw_us
+    backend = compiled.comm.framework.backend
+    warnings.append(
+        f"the framework's own path ({backend}) replays faster ({fw_us:.1f} us) than the compiled "
+        f"schedule ({sched.predicted_iteration_us:.1f} us): the runtime trains with it "
+        "(`--no-framework` to replay the units anyway)"
+    )
+    info = {"predicted_iteration_us": fw_us, "replay_us": sched.predicted_iteration_us}
+    # predicted_iteration_us stays the units' replay (what `pace validate` checks); what the
+    # runtime will train with is predicted in meta.framework.
+    return dataclasses.replace(
+        sched, framework=backend, meta={**sched.meta, "framework": info}
+    ), fw_us
 
 
 def apply_what_if(
@@ -333,6 +407,7 @@ def compile_trace(
     robust: bool | None = None,
     robust_tolerance: float | None = None,
     hedge: Sequence[Trace] = (),
+    framework: bool = True,
 ) -> CompileResult:
     """Fuse, schedule and measure ``trace`` (see the module docstring).
 
@@ -358,6 +433,11 @@ def compile_trace(
     which may then be slower than a baseline's there (the warning says so): the hedge trades
     time under one model for less loss under the others. ``meta.hedge`` records the replays
     and regrets.
+    ``framework``: where the trace measured the framework's own path (``comm.framework``) and
+    it replays faster than the compiled schedule (``framework_path_us``), ship the schedule
+    marked ``framework`` (the runtime then trains with that path; the units and their
+    prediction stay), ``meta.framework`` holding both predictions; ``False``: never
+    (``--no-framework``). Either way ``framework_us`` is that path's prediction.
 
     >>> from pace.synth import random_trace
     >>> r = compile_trace(random_trace(seed=2, n_layers=5, alpha_us=30.0))
@@ -477,6 +557,7 @@ def compile_trace(
                 f"schedule ({sched.predicted_iteration_us:.1f} us)"
             )
     sched = in_issue_order(sched, compiled)
+    sched, framework_us = _weigh_framework(sched, compiled, trace, warnings, choose=framework)
     if compute_speedup is not None or mode != "overlap":
         # The schedule keeps the digest of the trace it was given and records what changes the
         # meaning of its replay (pace validate re-applies it).
@@ -495,4 +576,5 @@ def compile_trace(
         compile_seconds=compile_seconds,
         warnings=tuple(warnings),
         stage_seconds=stages,
+        framework_us=framework_us,
     )

@@ -66,8 +66,10 @@ from pace.checks import is_int, is_number
 from pace.digest import DIGEST_PREFIX, trace_digest
 from pace.errors import InputError
 from pace.ir import (
+    FRAMEWORK_BACKENDS,
     MAX_COMPUTE_LOSS,
     CommModel,
+    FrameworkPath,
     Interference,
     Op,
     Schedule,
@@ -101,6 +103,8 @@ __all__ = [
     "PathLike",
     "check_compute_speedup",
     "display_path",
+    "framework_from_dict",
+    "framework_to_dict",
     "interference_from_dict",
     "interference_to_dict",
     "load_json",
@@ -724,7 +728,51 @@ def _comm_from(r: _Reader, v: Any, path: str, *, with_samples: bool = True) -> C
             if "update_us_per_byte" in o
             else 0.0
         ),
+        framework=(
+            _framework_from(r, o["framework"], f"{path}.framework") if "framework" in o else None
+        ),
     )
+
+
+FRAMEWORK_VERSIONS = (1,)
+
+
+def _framework_from(r: _Reader, v: Any, path: str) -> FrameworkPath:
+    """``comm.framework`` (optional, versioned; docs/trace-format.md)."""
+    o = r.obj(v, path)
+    version = r.int_(r.req(o, "version", path), f"{path}.version", minimum=1)
+    if version not in FRAMEWORK_VERSIONS:
+        raise r.err(f"{path}.version", f"version {version} is not supported (known: 1)")
+    backend = r.str_(r.req(o, "backend", path), f"{path}.backend")
+    if backend not in FRAMEWORK_BACKENDS:
+        raise r.err(
+            f"{path}.backend",
+            f"must be one of {', '.join(FRAMEWORK_BACKENDS)}, got {_show(backend)}",
+        )
+    return FrameworkPath(
+        backend=backend,
+        alpha_us=r.num(r.req(o, "alpha_us", path), f"{path}.alpha_us", bound=_US),
+        beta_us_per_byte=r.num(
+            r.req(o, "beta_us_per_byte", path), f"{path}.beta_us_per_byte", bound=_BETA
+        ),
+        interference=(
+            _interference_from(r, o["interference"], f"{path}.interference")
+            if "interference" in o
+            else None
+        ),
+    )
+
+
+def _framework_to(path: FrameworkPath) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "version": FRAMEWORK_VERSIONS[-1],
+        "backend": path.backend,
+        "alpha_us": _num_out(path.alpha_us),
+        "beta_us_per_byte": _num_out(path.beta_us_per_byte),
+    }
+    if path.interference is not None:
+        out["interference"] = _interference_to(path.interference)
+    return out
 
 
 INTERFERENCE_VERSIONS = (1,)
@@ -762,6 +810,16 @@ def _interference_from(r: _Reader, v: Any, path: str) -> Interference:
         comm_us_per_call=num("comm_us_per_call", _US),
         samples=tuple(samples),
     )
+
+
+def framework_from_dict(obj: Any, *, where: str = "") -> FrameworkPath:
+    """A ``comm.framework`` object (also in ``comm.json``), checked as a trace's is."""
+    return _framework_from(_Reader(where), obj, "framework")
+
+
+def framework_to_dict(path: FrameworkPath) -> dict[str, Any]:
+    """The ``comm.framework`` object of ``path``."""
+    return _framework_to(path)
 
 
 def interference_from_dict(obj: Any, *, where: str = "") -> Interference:
@@ -822,6 +880,8 @@ def _comm_to(comm: CommModel, *, with_samples: bool = True) -> dict[str, Any]:
         out["interference"] = _interference_to(comm.interference)
     if comm.update_us_per_byte > 0:  # optional: files without it keep their bytes
         out["update_us_per_byte"] = _num_out(comm.update_us_per_byte)
+    if comm.framework is not None:
+        out["framework"] = _framework_to(comm.framework)
     return out
 
 
@@ -912,6 +972,12 @@ def schedule_from_dict(obj: Any, *, where: str = "") -> Schedule:
     mode = top.get("mode", "overlap")
     if mode not in SCHEDULE_MODES:
         raise r.err("mode", f"must be one of {', '.join(SCHEDULE_MODES)}, got {_show(mode)}")
+    framework = top.get("framework")
+    if framework is not None and framework not in FRAMEWORK_BACKENDS:
+        raise r.err(
+            "framework",
+            f"must be one of {', '.join(FRAMEWORK_BACKENDS)} (or absent), got {_show(framework)}",
+        )
     units = r.items(top, "units", "", lambda v, p: _unit_from(r, v, p))
     n_slices = sum(len(u.slices) for u in units)
     if n_slices > MAX_SLICES:
@@ -925,6 +991,7 @@ def schedule_from_dict(obj: Any, *, where: str = "") -> Schedule:
             r.req(top, "predicted_iteration_us", ""), "predicted_iteration_us"
         ),
         compute_speedup=speedup,
+        framework=framework,
         meta=meta,
     )
 
@@ -970,6 +1037,9 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
     if schedule.mode != "overlap":
         # Absent means "overlap": files written before the field existed keep their meaning.
         out["mode"] = schedule.mode
+    if schedule.framework is not None:
+        # Absent means "replay the units", as in every file before the field existed.
+        out["framework"] = schedule.framework
     meta = dict(schedule.meta)
     if schedule.compute_speedup is not None:
         meta["compute_speedup"] = _num_out(schedule.compute_speedup)

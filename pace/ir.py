@@ -24,6 +24,7 @@ __all__ = [
     "PHASES",
     "SCHEDULE_MODES",
     "CommModel",
+    "FrameworkPath",
     "FusionPlan",
     "Interference",
     "Op",
@@ -117,6 +118,35 @@ class Interference:
         )
 
 
+FRAMEWORK_POLICIES = {"horovod": "horovod"}
+"""Per framework whose own data-parallel path the compiler can weigh and the runtime can train
+with (``FrameworkPath``), the simulator policy that describes that path."""
+FRAMEWORK_BACKENDS = tuple(FRAMEWORK_POLICIES)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FrameworkPath:
+    """The framework's own data-parallel path on this link (trace format: ``comm.framework``).
+
+    For ``backend="horovod"``: ``hvd.DistributedOptimizer`` under Horovod's defaults (tensor
+    fusion and the response cache on), which the simulator's ``horovod`` policy describes
+    (``FRAMEWORK_POLICIES``: one fused call per cycle, every gradient reduced before the
+    optimizer steps on the training thread). Its calls cost ``alpha_us + beta_us_per_byte *
+    bytes``, measured under those defaults, not under the runtime's settings (fusion and cache
+    off, which the replay needs): with the response cache a call skips most of Horovod's
+    negotiation. ``interference``: what
+    those calls cost compute beside them (``None``: the trace's own term).
+
+    Where the compiled schedule is predicted slower than this path, the compiler ships the
+    schedule marked ``Schedule.framework`` and the runtime trains with the framework's path.
+    """
+
+    backend: str
+    alpha_us: float
+    beta_us_per_byte: float
+    interference: Interference | None = None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommModel:
     """Cost of one all-reduce call: ``alpha_us + beta_us_per_byte * bytes``.
@@ -129,6 +159,7 @@ class CommModel:
     parameter once its reduction completes, on one background thread, one unit after the other:
     the forward that needs the parameter waits for that update. 0: the update is free (or runs
     after a barrier, outside the replayed window, as a framework's ``optimizer.step()``).
+    ``framework``: the framework's own path on the same link, where measured (``FrameworkPath``).
     """
 
     workers: int
@@ -138,6 +169,7 @@ class CommModel:
     samples: tuple[tuple[int, float], ...] = ()
     interference: Interference | None = None
     update_us_per_byte: float = 0.0
+    framework: FrameworkPath | None = None
 
     def cost_us(self, size_bytes: float) -> float:
         """Duration of one all-reduce call carrying ``size_bytes`` bytes."""
@@ -223,6 +255,10 @@ class Schedule:
     # Compiled for the trace's computation this many times faster (``pace compile
     # --compute-speedup``): every replay re-applies it. In the file: meta.compute_speedup.
     compute_speedup: float | None = None
+    # Set (to a ``FRAMEWORK_BACKENDS`` name) where the compiler predicted the framework's own
+    # path faster than these units (``FrameworkPath``): the runtime trains with that path, and
+    # the units stay for inspection. In the file: top-level ``framework``.
+    framework: str | None = None
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def ordered_units(self) -> tuple[Unit, ...]:

@@ -111,6 +111,12 @@ COMM_BENCH_BACKENDS: tuple[CommBenchBackend, ...] = get_args(CommBenchBackend)
 
 # -- runtime and drift -------------------------------------------------------------------------
 
+HOROVOD_RUNTIME_ENV = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"}
+"""The Horovod settings the runtime's replay needs (read once by ``hvd.init()``): fusion and
+the response cache off, so Horovod neither regroups nor reorders the scheduled all-reduces.
+``pace profile-comm --backend horovod`` measures the calls under them; ``--framework`` also
+under Horovod's defaults (these unset), vanilla Horovod's path."""
+
 RuntimeBackend = Literal["horovod", "torch"]
 """``pace.runtime.wrap(backend=)``."""
 RUNTIME_BACKENDS: tuple[RuntimeBackend, ...] = get_args(RuntimeBackend)

@@ -105,6 +105,9 @@ def test_profile_comm_cli_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--workers" in capsys.readouterr().err
     assert main(["profile-comm", "--sizes", "12Q", "-o", "x.json"]) == 2
     assert "--sizes" in capsys.readouterr().err
+    # Horovod's own path is measured by Horovod only.
+    assert main(["profile-comm", "--framework", "-o", "x.json"]) == 2
+    assert "--framework" in capsys.readouterr().err
 
 
 @pytest.mark.multiprocess
@@ -287,6 +290,7 @@ def test_horovod_benchmark_with_two_real_processes(
             "4K,1M,16M",
             "--reps",
             "3",
+            "--framework",
             "-o",
             str(out),
         ]
@@ -295,6 +299,14 @@ def test_horovod_benchmark_with_two_real_processes(
     obj = json.loads(out.read_text())
     assert obj["backend"] == "horovod"
     assert [b for b, _ in obj["samples"]] == [4096, 2**20, 16 * 2**20]
+    # --framework: a second sweep under Horovod's defaults, its fit in comm.framework, which
+    # `pace profile --comm` carries into the trace.
+    assert [b for b, _ in obj["meta"]["framework_samples"]] == [4096, 2**20, 16 * 2**20]
+    path = load_comm(out).framework
+    assert path is not None
+    assert path.backend == "horovod"
+    assert path.alpha_us >= 0
+    assert path.beta_us_per_byte >= 0
     beta = load_comm(out).beta_us_per_byte
     assert beta >= 0  # its size is the host's business; a flat fit must be flagged
     poor = beta == 0 or obj["fit"]["r2"] < 0.5

@@ -81,6 +81,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "comm), where the model is uncertain: ship the schedule with the least worst regret "
         "over all the models (repeatable; docs/scheduling.md, section 9)",
     )
+    p.add_argument(
+        "--no-framework",
+        action="store_true",
+        help="replay the units even where the trace's measured framework path (comm.framework, "
+        "vanilla Horovod) replays faster; by default the schedule then tells the runtime to "
+        "train with that path (docs/scheduling.md, 'The framework's own path')",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -113,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         robust=args.robust,
         robust_tolerance=args.robust_tolerance,
         hedge=[load_trace(path) for path in args.hedge],
+        framework=not args.no_framework,
     )
     save_schedule(result.schedule, args.output)
     for w in result.warnings:
@@ -146,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
                 "solver": args.solver,
                 "robust": result.schedule.meta.get("robust"),
                 "hedge": result.schedule.meta.get("hedge"),
+                "framework": result.schedule.framework,
+                "framework_us": result.framework_us,
                 "cost_model": {
                     "alpha_us": result.trace.comm.alpha_us,
                     "beta_us_per_byte": result.trace.comm.beta_us_per_byte,
@@ -181,6 +191,9 @@ def run(args: argparse.Namespace) -> int:
         ["pace (compiled)", predicted, _vs(result, predicted)],
         ["lower bound", result.lower_bound_us, "-"],
     ]
+    if result.framework_us is not None:
+        chosen = " (trained instead)" if result.schedule.framework else ""
+        summary.append([f"framework's own path{chosen}", result.framework_us, "-"])
     for name, us in sorted(result.baselines.items(), key=lambda kv: kv[1]):
         summary.append([name, us, _vs(result, us)])
     print_table(

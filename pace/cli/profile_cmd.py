@@ -156,6 +156,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="also measure what compute and all-reduces cost each other on these processes "
         "(the cost model's interference term, docs/simulator.md)",
     )
+    c.add_argument(
+        "--framework",
+        action="store_true",
+        help="with --backend horovod: also measure Horovod's own path (its defaults: fusion and "
+        "response cache on, where the main fit runs under the runtime's settings), which the "
+        "compiler weighs against its schedule (comm.framework, docs/scheduling.md)",
+    )
     c.add_argument("-o", "--output", required=True, action=OutputPath, help="comm.json to write")
     c.add_argument(
         "--plot", metavar="PNG", action=OutputPath, help="also plot the samples and the fit"
@@ -335,6 +342,7 @@ def run_profile_comm(args: argparse.Namespace) -> int:
             reps=args.reps,
             warmup=args.warmup,
             interference=args.interference,
+            framework=args.framework,
         )
     except InputError as exc:
         raise _as_option(exc, default="profile-comm") from None
@@ -359,6 +367,12 @@ def run_profile_comm(args: argparse.Namespace) -> int:
             f"(~{8e-3 / m.beta_us_per_byte if m.beta_us_per_byte > 0 else float('inf'):.2f} Gbps "
             f"algorithm bandwidth) r2={fit.r2:.4f} max_rel_error={fit.max_rel_error:.2f}\n"
         )
+        if (fw := m.framework) is not None:
+            sys.stdout.write(
+                f"framework ({fw.backend} under its defaults): alpha_us={fw.alpha_us:.1f} "
+                f"beta_us_per_byte={fw.beta_us_per_byte:.3e} "
+                f"r2={fit.meta.get('framework_r2', 0):.4f}\n"
+            )
         if m.interference is not None:
             t = m.interference
             sys.stdout.write(

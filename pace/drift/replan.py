@@ -71,7 +71,8 @@ def compile_schedule(trace: Trace, *, mode: ScheduleMode = "overlap") -> Schedul
     from pace.compiler import compile_trace
 
     # Baselines are for reports; a re-plan needs only the schedule (and is then faster).
-    return compile_trace(trace, baselines=False, mode=mode).schedule
+    # A running replay cannot switch to the framework's own path: the units only (framework=False).
+    return compile_trace(trace, baselines=False, mode=mode, framework=False).schedule
 
 
 def predict_schedule(trace: Trace, schedule: Schedule) -> float:

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from pace.errors import InputError
-from pace.ir import CommModel, Interference
+from pace.ir import CommModel, FrameworkPath, Interference
+from pace.options import HOROVOD_RUNTIME_ENV
 
 COMM_FORMAT = "pace.comm"
 COMM_VERSION = 1
@@ -223,7 +224,10 @@ def _run_horovod(
     *,
     timeout_s: float,
     interference: bool,
+    defaults: bool = False,
 ) -> tuple[list[tuple[int, float]], Interference | None, float]:
+    """The sweep under the runtime's Horovod settings (``HOROVOD_RUNTIME_ENV``), or with
+    ``defaults`` under Horovod's own (those unset: fusion and the response cache on)."""
     try:
         import horovod  # noqa: F401
     except ImportError as exc:
@@ -256,6 +260,11 @@ def _run_horovod(
             *(["--interference"] if interference else []),
         ]
         env = dict(os.environ, OMP_NUM_THREADS="1")
+        for key, value in HOROVOD_RUNTIME_ENV.items():
+            if defaults:
+                env.pop(key, None)
+            else:
+                env[key] = value
         proc = subprocess.run(
             cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False
         )
@@ -276,12 +285,18 @@ def benchmark_allreduce(
     warmup: int = 2,
     timeout_s: float = 600.0,
     interference: bool = False,
+    framework: bool = False,
 ) -> CommFit:
     """Measure all-reduce times with ``workers`` real processes and fit a cost model.
 
     ``interference``: also measure what computation and communication cost each other on these
     processes (``pace.profiler.interference``, a matrix-product probe) and put the fitted term
-    in the model; its fit's R² is ``meta["interference_r2"]``."""
+    in the model; its fit's R² is ``meta["interference_r2"]``.
+    With Horovod the calls run under the runtime's settings (``HOROVOD_RUNTIME_ENV``).
+    ``framework`` (Horovod only): sweep again under Horovod's defaults, vanilla Horovod's own
+    path, and put its fit (and, with ``interference``, its term) in ``model.framework``, which
+    the compiler weighs against its schedule (``pace.compiler.framework_path_us``); its fit's
+    R² is ``meta["framework_r2"]``."""
     if backend not in BACKENDS:
         raise InputError(f"must be one of {', '.join(BACKENDS)}, got {backend!r}", field="backend")
     if workers < 2:
@@ -291,6 +306,12 @@ def benchmark_allreduce(
         raise InputError("need at least two distinct sizes of >= 4 bytes", field="sizes")
     if reps < 1:
         raise InputError(f"must be >= 1, got {reps}", field="reps")
+    if framework and backend != "horovod":
+        raise InputError(
+            "measures Horovod's own path (its defaults: fusion and response cache on); use "
+            "--backend horovod",
+            field="framework",
+        )
     t0 = time.perf_counter()
     if backend == "gloo":
         samples, term, r2 = _run_gloo(workers, sizes, reps, warmup, interference)
@@ -302,6 +323,28 @@ def benchmark_allreduce(
     if term is not None:
         fit = dataclasses.replace(fit, model=dataclasses.replace(fit.model, interference=term))
         fit.meta["interference_r2"] = round(r2, 4)
+    if framework:
+        fw_samples, fw_term, fw_r2 = _run_horovod(
+            workers,
+            sizes,
+            reps,
+            warmup,
+            timeout_s=timeout_s,
+            interference=interference,
+            defaults=True,
+        )
+        fw_fit = fit_comm(fw_samples, workers=workers, backend=backend)
+        path = FrameworkPath(
+            backend="horovod",
+            alpha_us=fw_fit.model.alpha_us,
+            beta_us_per_byte=fw_fit.model.beta_us_per_byte,
+            interference=fw_term,
+        )
+        fit = dataclasses.replace(fit, model=dataclasses.replace(fit.model, framework=path))
+        fit.meta["framework_r2"] = round(fw_fit.r2, 4)
+        fit.meta["framework_samples"] = [[b, u] for b, u in fw_samples]
+        if fw_term is not None:
+            fit.meta["framework_interference_r2"] = round(fw_r2, 4)
     fit.meta.update(
         {
             "backend": backend,
@@ -319,7 +362,7 @@ def benchmark_allreduce(
 
 def comm_to_dict(fit: CommFit) -> dict[str, Any]:
     """The ``comm.json`` object: the trace's ``comm`` keys plus the fit quality."""
-    from pace.io import interference_to_dict
+    from pace.io import framework_to_dict, interference_to_dict
 
     m = fit.model
     return {
@@ -332,6 +375,7 @@ def comm_to_dict(fit: CommFit) -> dict[str, Any]:
         "beta_us_per_byte": m.beta_us_per_byte,
         "samples": [[b, u] for b, u in m.samples],
         **({"interference": interference_to_dict(m.interference)} if m.interference else {}),
+        **({"framework": framework_to_dict(m.framework)} if m.framework else {}),
         "fit": {"r2": fit.r2, "rmse_us": fit.rmse_us, "max_rel_error": fit.max_rel_error},
         "meta": fit.meta,
     }
@@ -359,6 +403,7 @@ def load_comm(path: str | Path) -> CommModel:
         MAX_DURATION_US,
         MAX_TENSOR_BYTES,
         MAX_WORKERS,
+        framework_from_dict,
         interference_from_dict,
         load_json,
     )
@@ -407,5 +452,8 @@ def load_comm(path: str | Path) -> CommModel:
             interference_from_dict(obj["interference"], where=where)
             if "interference" in obj
             else None
+        ),
+        framework=(
+            framework_from_dict(obj["framework"], where=where) if "framework" in obj else None
         ),
     )
