@@ -7,6 +7,7 @@ quickly, without launching processes. Misuse, time-outs and shutdown are checked
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import socket
 import threading
@@ -390,6 +391,69 @@ def test_fallback_warns_exactly_once_and_trains_plainly() -> None:
     assert opt.pace_plan.source == "wfbp"  # type: ignore[attr-defined]
     assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), model.parameters(), strict=True))
     opt.close()  # type: ignore[attr-defined]
+
+
+def _framework_file(tmp_path: Path, schedule: Schedule) -> Path:
+    """``schedule`` marked to train with Horovod's own path, as ``pace compile`` writes it."""
+    path = tmp_path / "framework.schedule.json"
+    save_schedule(dataclasses.replace(schedule, framework="horovod"), path)
+    return path
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_framework_schedule_is_refused_on_another_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fallback: bool
+) -> None:
+    """Horovod's path chosen by the compiler, wrapped with backend="torch": refused from the
+    arguments alone (so on every rank), never a reason to fall back; Horovod is not touched."""
+    monkeypatch.setattr(runtime_optimizer, "import_horovod", _no_horovod)
+    model = net()
+    path = _framework_file(tmp_path, schedule_for(model))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ScheduleMismatchError) as info:
+            pace.runtime.wrap(
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                model,
+                path,
+                backend="torch",
+                fallback=fallback,
+            )
+    err = info.value
+    assert (err.where, err.field) == (str(path), "framework")
+    assert "Horovod's own data-parallel path" in err.detail
+    assert "backend='horovod'" in err.detail
+    assert "pace compile --no-framework" in err.detail
+    assert caught == []
+
+
+def _no_horovod() -> Any:
+    raise AssertionError("Horovod touched before the schedule was refused")
+
+
+def test_framework_schedule_refuses_drift_and_another_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime_optimizer, "import_horovod", _no_horovod)
+    model = net()
+    path = _framework_file(tmp_path, schedule_for(model))
+    with pytest.raises(InputError) as info:
+        pace.runtime.wrap(
+            torch.optim.SGD(model.parameters(), lr=0.1), model, path, backend="horovod", drift=True
+        )
+    assert info.value.where == "drift"
+    assert "trains with Horovod's own data-parallel path" in info.value.detail
+    assert "pace compile --no-framework" in info.value.detail
+    # The units are still checked against the model: a schedule of another model is an error.
+    other = schedule_for(model)
+    other = dataclasses.replace(other, units=other.units[1:])  # fc3.* uncovered
+    with pytest.raises(ScheduleMismatchError, match="schedule does not belong"):
+        pace.runtime.wrap(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            model,
+            _framework_file(tmp_path, other),
+            backend="horovod",
+        )
 
 
 class _StuckBackend:

@@ -9,8 +9,10 @@ frozen layers, OneCycleLR with a checkpoint and resume. Each case runs the refer
 gloo / ``hvd.DistributedOptimizer``), then pace in the overlapped mode and/or ``sync=True`` from
 the same initial state and data; one test per (backend, case, mode) asserts on both ranks'
 results. Loops that edit gradients between ``backward()`` and ``step()`` must be refused in the
-overlapped mode with an error naming ``sync=True``, on both ranks. A separate launch checks that
-a rank failing in its own training loop surfaces on the other rank with its reason.
+overlapped mode with an error naming ``sync=True``, on both ranks. The Horovod launch also runs
+the ``fw-*`` cases: a schedule file marked with Horovod's own path, which pace trains with
+``hvd.DistributedOptimizer``. A separate launch checks that a rank failing in its own training
+loop surfaces on the other rank with its reason.
 """
 
 from __future__ import annotations
@@ -87,6 +89,24 @@ REFUSALS: dict[str, Expect] = {
     "sync-mismatch:overlap": MISMATCH,  # sync=False with a sync-mode schedule
     **_modes("sgd-after-errors"),
 }
+# Horovod only: a schedule file marked ``framework: "horovod"`` (the compiler predicted Horovod's
+# own path faster): pace trains with hvd.DistributedOptimizer, bitwise the reference, issuing the
+# same all-reduces (none twice). fw-clip and fw-amp-fp16-clip clip (and unscale) right after
+# backward(), as with DDP: the sync mode's promise kept on Horovod's path. fw-bn-seeds: ranks
+# start from different parameters and buffers.
+FRAMEWORK: dict[str, Expect] = {
+    **_modes("fw-sgd"),
+    **_modes("fw-clip", ("sync",)),
+    **_modes("fw-clip-horovod-style"),
+    **_modes("fw-amp-fp16-clip", ("sync",)),
+    **_modes("fw-accum"),
+    **_modes("fw-bn-seeds"),
+    **_modes("fw-bn-broadcast"),
+    **_modes("fw-compile", ("sync",)),
+    **_modes("fw-onecycle-resume"),
+    "fw-step-in-no-sync:overlap": Expect("RuntimeReplayError", ("step() inside no_sync()",)),
+    "fw-step-in-no-sync:sync": Expect("RuntimeReplayError", ("step() inside no_sync()",)),
+}
 CASES: dict[str, dict[str, Expect]] = {
     # clip-horovod-style: DDP's reference, pace driven with synchronize()/skip_synchronize();
     # bn-no-broadcast: DDP(broadcast_buffers=False) vs wrap(broadcast_buffers=False).
@@ -97,7 +117,7 @@ CASES: dict[str, dict[str, Expect]] = {
         **REFUSALS,
     },
     # bn-broadcast: Horovod with DDP's buffer rule by hand vs wrap(broadcast_buffers=True).
-    "horovod": {**COMMON, **_modes("bn-broadcast"), **REFUSALS},
+    "horovod": {**COMMON, **_modes("bn-broadcast"), **FRAMEWORK, **REFUSALS},
 }
 
 
@@ -214,6 +234,9 @@ def _check(launch: Launch, backend: str, case: str) -> None:
 def _check_case_specifics(backend: str, case: str, r0: dict[str, Any], r1: dict[str, Any]) -> None:
     name = case.partition(":")[0]
     ref0 = r0["extras_ref"]
+    if name.startswith("fw-"):
+        _check_framework_path(case, r0, r1)
+        name = name.removeprefix("fw-")
     if name in ("amp-fp16", "amp-fp16-clip"):
         scales = ref0["scales"]
         assert any(b < a for a, b in zip([2.0**16, *scales], scales, strict=False)), (
@@ -238,6 +261,21 @@ def _check_case_specifics(backend: str, case: str, r0: dict[str, Any], r1: dict[
             assert res["breaks_pace"] <= res["breaks_ref"], (
                 f"{where}: {res['breaks_pace']} graph breaks with pace, {res['breaks_ref']} without"
             )
+
+
+def _check_framework_path(case: str, r0: dict[str, Any], r1: dict[str, Any]) -> None:
+    for res in (r0, r1):
+        where = f"{case} rank {res['rank']}"
+        assert res["allreduces_ref"] > 0, f"{where}: the reference issued no all-reduce: {res}"
+        assert res["allreduces_pace"] == res["allreduces_ref"], (
+            f"{where}: {res['allreduces_pace']} all-reduces on Horovod's path, "
+            f"{res['allreduces_ref']} in the reference: a gradient reduced twice, or not at all"
+        )
+        assert res["skip_sync_warnings"] == 0, f"{where}: Horovod warned of a double synchronize"
+        warned = " | ".join(res["warnings"])
+        assert "own data-parallel path" in warned, f"{where}: no warning of the path: {warned}"
+        # The launch sets pace's Horovod settings before hvd.init().
+        assert "without tensor fusion or the response cache" in warned, warned
 
 
 @pytest.mark.parametrize("case", list(CASES["torch"]))

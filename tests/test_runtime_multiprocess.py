@@ -26,7 +26,7 @@ BIN = Path(sys.executable).parent
 STEPS = 50
 CONFIGS = {
     "torch": "sgd,adam,sgd:online,adam:delay,sgd:online-delay,adam:switch-delay",
-    "horovod": "sgd,adam,sgd:online,adam:delay,sgd:fallback,sgd:switch",
+    "horovod": "sgd,adam,sgd:online,adam:delay,sgd:fallback,sgd:switch,sgd:framework",
 }
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.torch]
@@ -127,11 +127,31 @@ def test_torch_schedule_switch_mid_training_with_delays_is_bitwise(
 def test_horovod_fallback_warns_once_and_matches(
     horovod_results: dict[tuple[str, int], Any],
 ) -> None:
+    """Rank 1 starts from other weights: equal to vanilla only if wrap broadcasts rank 0's."""
     _check(horovod_results, "sgd:fallback")
     for rank in (0, 1):
         warnings = horovod_results[("sgd:fallback", rank)]["warnings"]
         assert len(warnings) == 1
         assert "fc2.weight" in warnings[0]
+
+
+@pytest.mark.horovod
+def test_horovod_framework_schedule_trains_with_distributed_optimizer(
+    horovod_results: dict[tuple[str, int], Any],
+) -> None:
+    """A schedule file marked ``framework: "horovod"``: hvd.DistributedOptimizer's bits, one
+    warning naming the path with the compiler's two predictions (ms), one that the launch's
+    Horovod settings (pace's: fusion and cache off) are not the ones predicted, one that the
+    monitor passed gets no events."""
+    _check(horovod_results, "sgd:framework")
+    for rank in (0, 1):
+        warnings = horovod_results[("sgd:framework", rank)]["warnings"]
+        assert len(warnings) == 3, warnings
+        assert "own data-parallel path" in warnings[0]
+        assert "(12.3 ms per iteration against 23.5 ms)" in warnings[0]
+        assert "--no-framework" in warnings[0]
+        assert "without tensor fusion or the response cache" in warnings[1]
+        assert "monitor= gets no events" in warnings[2]
 
 
 @pytest.mark.parametrize("config", ["sgd", "adam"])

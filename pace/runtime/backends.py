@@ -20,10 +20,11 @@ from typing import Any, Protocol
 import torch
 
 from pace.errors import InputError
+from pace.options import HOROVOD_RUNTIME_ENV
 
 # Horovod negotiates every collective in cycles; with tensor fusion or the response cache on it
 # may regroup or reorder what we issue. These are read once, by hvd.init().
-HOROVOD_ENV = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"}
+HOROVOD_ENV = HOROVOD_RUNTIME_ENV
 
 # Polling back-off for Horovod handles: Horovod's own wait spins (yield + GIL re-acquire), which
 # on a 2-core machine steals the CPU the backward pass needs.
@@ -69,21 +70,43 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def import_horovod() -> Any:
+    """``horovod.torch``, or an ``InputError`` saying how to get it."""
+    try:
+        import horovod.torch as hvd
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise InputError(
+            f"horovod.torch is not importable; build it with scripts/install_horovod.sh ({exc})",
+            where="backend",
+        ) from exc
+    return hvd
+
+
+def horovod_broadcast_from_rank0(hvd: Any, tensors: list[torch.Tensor], name: str) -> None:
+    """Copy rank 0's values of ``tensors`` into every rank's, in place, through Horovod."""
+    # One collective per dtype: flatten, broadcast, copy back (bitwise a copy).
+    by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        if t.numel():
+            by_dtype.setdefault((t.dtype, t.device), []).append(t)
+    for n, group in enumerate(by_dtype.values()):
+        flat = torch.cat([t.reshape(-1) for t in group])
+        hvd.broadcast_(flat, root_rank=0, name=f"{name}.{n}")
+        at = 0
+        for t in group:
+            t.copy_(flat[at : at + t.numel()].view_as(t))
+            at += t.numel()
+
+
 class HorovodBackend:
     """``horovod.torch.mpi_ops.allreduce_async_`` with ``op=Average``, fusion and cache off."""
 
     name = "horovod"
 
     def __init__(self) -> None:
-        try:
-            import horovod.torch as hvd
-            from horovod.torch import mpi_ops
-        except ImportError as exc:  # pragma: no cover - depends on the machine
-            raise InputError(
-                "horovod.torch is not importable; build it with scripts/install_horovod.sh "
-                f"({exc})",
-                where="backend",
-            ) from exc
+        hvd = import_horovod()
+        from horovod.torch import mpi_ops
+
         if not hvd.is_initialized():
             for key, value in HOROVOD_ENV.items():
                 os.environ.setdefault(key, value)
@@ -120,18 +143,7 @@ class HorovodBackend:
         self._mpi_ops.synchronize(handle)
 
     def broadcast_from_rank0(self, tensors: list[torch.Tensor], name: str) -> None:
-        # One collective per dtype: flatten, broadcast, copy back (bitwise a copy).
-        by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-        for t in tensors:
-            if t.numel():
-                by_dtype.setdefault((t.dtype, t.device), []).append(t)
-        for n, group in enumerate(by_dtype.values()):
-            flat = torch.cat([t.reshape(-1) for t in group])
-            self._hvd.broadcast_(flat, root_rank=0, name=f"{name}.{n}")
-            at = 0
-            for t in group:
-                t.copy_(flat[at : at + t.numel()].view_as(t))
-                at += t.numel()
+        horovod_broadcast_from_rank0(self._hvd, tensors, name)
 
     def broadcast_bytes(self, payload: bytes | None) -> bytes:
         out = self._hvd.broadcast_object(payload, root_rank=0, name="pace.drift.switch")

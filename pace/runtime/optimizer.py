@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
+import os
 import time
+import types
 import warnings
 import weakref
 from collections import OrderedDict
@@ -36,7 +39,13 @@ import torch
 from pace.drift.loop import DriftLoop, DriftOptions
 from pace.errors import InputError, RuntimeReplayError, ScheduleMismatchError
 from pace.ir import Schedule, Trace
-from pace.runtime.backends import Backend, make_backend
+from pace.runtime.backends import (
+    HOROVOD_ENV,
+    Backend,
+    horovod_broadcast_from_rank0,
+    import_horovod,
+    make_backend,
+)
 from pace.runtime.engine import Engine, RuntimeMonitor, zero_param_grad
 from pace.runtime.failures import Reporter, horovod_board, torch_board
 from pace.runtime.plan import (
@@ -383,7 +392,7 @@ def wrap(
     ``backend``: ``"horovod"`` (``hvd.init()`` is called if needed, with Horovod's fusion and
     response cache off) or ``"torch"`` (an initialised ``torch.distributed``).
     ``fallback``: on a schedule that cannot be replayed on this model, warn once and train with
-    plain data parallelism (``hvd.DistributedOptimizer``, or one all-reduce per gradient in
+    plain data parallelism (Horovod's own path, below, or one all-reduce per gradient in
     backward order for ``"torch"``) instead of raising ``InputError``/``ScheduleMismatchError``.
     ``monitor``: e.g. a ``pace.drift.Monitor`` over ``pace_param_names``; the runtime calls its
     ``on_grad_ready(index, t_us)`` from the gradient hooks and ``on_unit_done(unit, bytes,
@@ -394,6 +403,21 @@ def wrap(
     schedule at the same iteration (docs/drift.md). Needs ``trace=`` (the trace the schedule
     was compiled from). Decisions are logged on the ``pace.drift`` logger.
     ``knobs``: fields of ``RuntimeOptions`` (``credit_bytes=``, ``timeout_s=``, ...).
+
+    The framework's own path: a schedule whose ``framework`` is ``"horovod"`` (``pace compile``
+    sets it where it predicts Horovod's own data parallelism, with tensor fusion and the response
+    cache, faster than replaying the units; ``--no-framework`` turns that off) is checked against
+    the model as any other, then trained with ``hvd.DistributedOptimizer``: ``hvd.init()`` under
+    the environment as it is (pace's fusion and cache settings are not imposed; a warning if
+    they are in force), rank 0's parameters and buffers broadcast, the optimizer's parameters
+    named as in the model. The results are exactly Horovod's. ``sync=True`` keeps its promise
+    (``backward()`` returns with every gradient reduced); ``step()``/``synchronize()`` never
+    reduce a gradient twice; ``no_sync()`` accumulates locally; ``close()`` does nothing; the
+    returned object is Horovod's optimizer (its own class and state), not a ``PaceOptimizer``.
+    Refused: another ``backend`` (``ScheduleMismatchError``, field ``framework``) and ``drift``
+    (``InputError``). ``monitor`` gets no events (a warning); the replay's knobs do nothing.
+    One ``RuntimeWarning`` says the path is taken, with the two predictions when the schedule
+    has them (``meta.framework``). The fallback on Horovod takes the same path.
 
     Must be called on every rank with the same arguments (the torch backend creates a process
     group here).
@@ -427,10 +451,15 @@ def wrap(
     mode: Literal["replay", "online"] = "replay"
     loaded: Schedule | None = None
     trace_obj: Trace | None = None
+    sync_buffers = (
+        options.broadcast_buffers if options.broadcast_buffers is not None else backend == "torch"
+    )
     if schedule is None:
         plan = partition_params(infos, options.partition_bytes)
         mode = "online"
     else:
+        refusal: InputError | None = None
+        fell_back = False
         try:
             loaded, where, trace_obj = _load(schedule, trace)
             if loaded.mode != want_mode:
@@ -441,9 +470,15 @@ def wrap(
                     where=where,
                     field="mode",
                 )
+            if loaded.framework is not None:
+                # Argument-driven, so every rank raises; never a reason to fall back.
+                refusal = _framework_refusal(loaded.framework, where, backend, drift)
+                if refusal is not None:
+                    raise refusal
+            # Checked on the framework's path too: a schedule of another model is an error.
             plan = plan_from_schedule(loaded, infos, where=where)
         except InputError as err:
-            if not fallback:
+            if not fallback or err is refusal:
                 raise
             warnings.warn(
                 f"pace: cannot replay the schedule ({err}); falling back to plain "
@@ -452,8 +487,27 @@ def wrap(
                 stacklevel=2,
             )
             if backend == "horovod":
-                return cast(torch.optim.Optimizer, _horovod_fallback(optimizer, model))
+                return _horovod_path(
+                    optimizer,
+                    model,
+                    module,
+                    sync=options.sync,
+                    broadcast_buffers=sync_buffers,
+                    monitor=monitor,
+                )
             plan = wfbp_plan(infos)
+            fell_back = True
+        if loaded is not None and loaded.framework is not None and not fell_back:
+            _warn_framework_path(loaded, where)
+            return _horovod_path(
+                optimizer,
+                model,
+                module,
+                sync=options.sync,
+                broadcast_buffers=sync_buffers,
+                monitor=monitor,
+                framework=True,
+            )
 
     if drift is not False and (schedule is None or plan.source == "wfbp"):
         raise InputError(
@@ -538,9 +592,6 @@ def wrap(
     # GradScaler.step(opt) then calls opt.step(grad_scaler=...), which the overlapped mode
     # refuses; in the sync mode GradScaler unscales and steps as usual.
     wrapped._step_supports_amp_scaling = not options.sync
-    sync_buffers = (
-        options.broadcast_buffers if options.broadcast_buffers is not None else backend == "torch"
-    )
     wrapped._pace_handles = _install_hooks(
         engine,
         model,
@@ -631,7 +682,11 @@ def _install_hooks(
 
         handles.append(model.register_forward_pre_hook(pre_forward_all))
     if buffers_from is not None:
-        handles.extend(_buffer_hooks(engine, model, module, buffers_from))
+        handles.extend(
+            _buffer_hooks(
+                lambda: engine.accumulating, model, module, buffers_from.broadcast_from_rank0
+            )
+        )
 
     def before_state_dict(*_: Any) -> None:
         if not engine.iteration_open():
@@ -642,7 +697,10 @@ def _install_hooks(
 
 
 def _buffer_hooks(
-    engine: Engine, model: torch.nn.Module, module: torch.nn.Module, backend: Backend
+    accumulating: Callable[[], bool],
+    model: torch.nn.Module,
+    module: torch.nn.Module,
+    broadcast_from_rank0: Callable[[list[torch.Tensor], str], None],
 ) -> list[Any]:
     """DDP's ``broadcast_buffers=True``, to the same forwards: rank 0's buffers are copied at
     the start of a forward when the previous forward ran with gradients enabled and outside
@@ -659,23 +717,249 @@ def _buffer_hooks(
                     tuple(buffers)
                 ),
             ):
-                backend.broadcast_from_rank0(buffers, "pace.buffers")
+                broadcast_from_rank0(buffers, "pace.buffers")
 
     def post(_m: torch.nn.Module, _args: Any, _out: Any) -> None:
-        due[0] = torch.is_grad_enabled() and not engine.accumulating
+        due[0] = torch.is_grad_enabled() and not accumulating()
 
     return [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
 
 
-def _horovod_fallback(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Any:
-    import horovod.torch as hvd
+# --- the framework's own path (Horovod) --------------------------------------------------------
 
+_FRAMEWORK_NAMES = {"horovod": "Horovod"}
+# no_sync() on Horovod's path: Horovod all-reduces a gradient when its countdown
+# (``_allreduce_delay``, reset to ``backward_passes_per_step`` by every synchronize) reaches
+# zero; inside no_sync() the countdown starts here instead, so it never does.
+_NO_SYNC_DELAY = 2**62
+
+
+def _framework_refusal(
+    framework: str, where: str, backend: str, drift: bool | DriftOptions
+) -> InputError | None:
+    """Why a schedule marked to train with ``framework``'s own path cannot run as asked."""
+    name = _FRAMEWORK_NAMES.get(framework, framework)
+    if backend != framework:
+        return ScheduleMismatchError(
+            f"the compiler chose {name}'s own data-parallel path for this job (predicted faster "
+            f"than replaying the schedule's units), which backend={backend!r} cannot run; wrap "
+            f"with backend={framework!r}, or recompile with `pace compile --no-framework` to "
+            "replay the units",
+            where=where,
+            field="framework",
+        )
+    if framework != "horovod":  # pragma: no cover - FRAMEWORK_BACKENDS holds only "horovod"
+        return ScheduleMismatchError(
+            f"this runtime has no path for framework {framework!r}; recompile with "
+            "`pace compile --no-framework` to replay the units",
+            where=where,
+            field="framework",
+        )
+    if drift is not False:
+        return InputError(
+            f"drift re-planning needs a replayed schedule, but {where} trains with {name}'s own "
+            "data-parallel path (its framework field); recompile with `pace compile "
+            "--no-framework` to replay the units, or wrap without drift=",
+            where="drift",
+        )
+    return None
+
+
+def _us_to_ms(value: Any) -> str | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return f"{value / 1e3:.1f} ms"
+    return None
+
+
+def _warn_framework_path(schedule: Schedule, where: str) -> None:
+    name = _FRAMEWORK_NAMES.get(schedule.framework or "", schedule.framework)
+    info = schedule.meta.get("framework")
+    numbers = ""
+    if isinstance(info, dict):
+        fw, replay = _us_to_ms(info.get("predicted_iteration_us")), _us_to_ms(info.get("replay_us"))
+        if fw is not None and replay is not None:
+            numbers = f" ({fw} per iteration against {replay})"
+    warnings.warn(
+        f"pace: {where}: the compiler predicted {name}'s own data-parallel path "
+        "(hvd.DistributedOptimizer, with tensor fusion and the response cache) faster for this "
+        f"job than replaying the schedule's units{numbers}; training with it (`pace compile "
+        "--no-framework` replays the units instead)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+@dataclass(slots=True)
+class _HorovodPathState:
+    """What the overrides on Horovod's optimizer share."""
+
+    accumulating: bool = False  # inside no_sync()
+    task: int = -1  # the backward pass (autograd graph task) that queued the end-of-backward
+
+
+def _pending(opt: Any) -> bool:
+    """Horovod's optimizer has reductions in flight (a backward's hooks issued them)."""
+    return any(handle is not None for handle, _ in opt._handles.values())
+
+
+def _horovod_path(
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    module: torch.nn.Module,
+    *,
+    sync: bool,
+    broadcast_buffers: bool,
+    monitor: RuntimeMonitor | None,
+    framework: bool = False,
+) -> torch.optim.Optimizer:
+    """Horovod's own data-parallel path: ``hvd.DistributedOptimizer`` (the fallback for a
+    schedule that cannot be replayed, and a schedule's ``framework="horovod"``).
+
+    Exactly the user's own Horovod loop, rank 0's parameters and buffers broadcast then
+    ``hvd.DistributedOptimizer(optimizer, named_parameters=...)``, under the Horovod settings in
+    force (fusion and cache as the environment says; pace's are not imposed), with pace's
+    surface around it, on Horovod's optimizer instance (its class calls ``super(self.__class__,
+    self)``, so it cannot be subclassed):
+
+    - ``sync=True``: pace's promise that ``backward()`` returns with every gradient reduced
+      (DDP's), so clipping and ``GradScaler`` work unchanged: the iteration's first gradient
+      hook queues Horovod's ``synchronize()`` at the end of the backward pass;
+    - ``step()`` and ``synchronize()`` never reduce again what is already reduced (Horovod's
+      ``synchronize()`` with nothing in flight reduces every gradient again, and its
+      ``step()`` after one warns and does so);
+    - ``no_sync()``: backward passes inside accumulate locally; ``step()`` inside is refused;
+    - ``broadcast_buffers=True``: rank 0's buffers copied as DDP's; ``close()`` does nothing.
+    """
+    hvd = import_horovod()
     if not hvd.is_initialized():
-        hvd.init()
-    dist_opt = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    # Same surface as the replay wrapper.
-    dist_opt.close = lambda: None
-    return dist_opt
+        hvd.init()  # under the environment as it is: Horovod's defaults unless the user set them
+    if framework:
+        off = {k: v for k, v in HOROVOD_ENV.items() if os.environ.get(k) == v}
+        if off:
+            warnings.warn(
+                f"pace: Horovod runs with {off} (the settings the replay needs), so its own "
+                "data-parallel path runs without tensor fusion or the response cache, which "
+                "the compiler's prediction for it assumed on (results are unchanged); leave "
+                "these variables unset before hvd.init(), or let wrap call it",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    if monitor is not None:
+        warnings.warn(
+            "pace: monitor= gets no events on Horovod's own data-parallel path: it has no "
+            "schedule units to report",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    named = [(n, p) for n, p in module.named_parameters() if id(p) in in_optimizer]
+    if len(named) != len(in_optimizer):
+        raise InputError(
+            f"{len(in_optimizer) - len(named)} parameter(s) of the optimizer are not parameters "
+            "of the model",
+            where="wrap",
+        )
+    # As the replay's wrap (and Horovod's documented broadcast_parameters(state_dict)): every
+    # rank starts from rank 0's parameters and buffers.
+    with torch.no_grad():
+        horovod_broadcast_from_rank0(
+            hvd, [p.data for p in module.parameters()] + list(module.buffers()), "pace.init"
+        )
+    opt = hvd.DistributedOptimizer(optimizer, named_parameters=named)
+    cls = type(opt)
+    state = _HorovodPathState()
+
+    def step(self: Any, closure: Callable[[], float] | None = None) -> Any:
+        if state.accumulating:
+            raise RuntimeReplayError(
+                "step() inside no_sync(): the gradients accumulated there are not reduced yet; "
+                "run the last backward() outside no_sync(), then step()"
+            )
+        if not self._should_synchronize:  # inside the user's skip_synchronize()
+            return cls.step(self, closure)
+        if _pending(self):
+            # Horovod's step() waits for them. A synchronize() before this backward (then a
+            # step skipped, as GradScaler does on an inf) is stale: no warning for it.
+            self._synchronized = False
+            return cls.step(self, closure)
+        if not self._synchronized:
+            return cls.step(self, closure)  # nothing reduced yet: Horovod's own
+        # Reduced already (at the end of backward in the sync mode, or by the user's
+        # synchronize()): Horovod's step() would warn and reduce every gradient again.
+        self._should_synchronize = False
+        try:
+            return cls.step(self, closure)
+        finally:
+            self._should_synchronize = True
+
+    def synchronize(self: Any) -> None:
+        """Wait for the reductions in flight and install their results (Horovod's); nothing
+        to do when none is in flight (Horovod's would reduce every gradient again)."""
+        if _pending(self):
+            cls.synchronize(self)
+
+    @contextlib.contextmanager
+    def no_sync(self: Any) -> Iterator[None]:
+        """DDP's ``no_sync()``: backward passes inside accumulate gradients locally, with no
+        communication; the next backward outside reduces the accumulated gradients."""
+        if state.accumulating:
+            yield
+            return
+        if _pending(self):
+            raise RuntimeReplayError(
+                "no_sync() entered while the gradients of a backward() outside it are still "
+                "being reduced: call step() (or synchronize()) first"
+            )
+        delays = dict(self._allreduce_delay)
+        for p in delays:
+            self._allreduce_delay[p] = _NO_SYNC_DELAY
+        state.accumulating = True
+        try:
+            yield
+        finally:
+            state.accumulating = False
+            # Horovod's hooks left (None, None) for each gradient they did not reduce.
+            for key in [k for k, (handle, _) in self._handles.items() if handle is None]:
+                del self._handles[key]
+            self._allreduce_delay.update(delays)
+
+    def close(self: Any) -> None:
+        """Nothing to stop (Horovod's lifetime is the user's): the replay's surface."""
+
+    opt.step = types.MethodType(step, opt)  # a method: LR schedulers wrap step.__func__
+    opt.synchronize = types.MethodType(synchronize, opt)
+    opt.no_sync = types.MethodType(no_sync, opt)
+    opt.close = types.MethodType(close, opt)
+    if sync:
+        ref = weakref.ref(opt)
+
+        def end_of_backward() -> None:
+            o = ref()
+            if o is not None:
+                synchronize(o)
+
+        def on_grad(_: torch.Tensor) -> None:
+            if state.accumulating:
+                return
+            task = torch._C._current_graph_task_id()
+            if task != state.task:
+                # Runs when this backward pass ends, after every hook of it (Horovod's too):
+                # backward() returns with every gradient reduced, as DDP's (same callback).
+                state.task = task
+                torch.autograd.Variable._execution_engine.queue_callback(end_of_backward)
+
+        # The hooks live as long as the parameters, as Horovod's own (close() is a no-op).
+        for _, p in named:
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(on_grad)  # type: ignore[no-untyped-call]
+    if broadcast_buffers:
+        _buffer_hooks(
+            lambda: state.accumulating,
+            model,
+            module,
+            lambda tensors, name: horovod_broadcast_from_rank0(hvd, tensors, name),
+        )
+    return cast(torch.optim.Optimizer, opt)
 
 
 def wrapped_params(optimizer: torch.optim.Optimizer) -> Iterable[torch.nn.Parameter]:

@@ -24,6 +24,7 @@ user's script would; the other rank prints its result as soon as pace raises.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import functools
 import hashlib
@@ -32,6 +33,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -183,7 +185,11 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
 
 def build_model(name: str, seed: int) -> nn.Module:
     torch.manual_seed(seed)
-    return MODELS[name]()
+    model = MODELS[name]()
+    with torch.no_grad():
+        for b in model.buffers():  # buffers differ by seed too (BatchNorm's start equal)
+            b.add_(seed)
+    return model
 
 
 def inputs_of(model: nn.Module) -> str:
@@ -271,6 +277,7 @@ class Case:
     schedule: Literal["compiled", "online", "wrong-mode"] = "compiled"
     pace_horovod_style: bool | None = None  # pace's loop in Horovod's pattern; None: as the ref's
     reference: bool = True
+    framework: bool = False  # pace wraps a schedule file marked framework="horovod"
 
 
 CASES: dict[str, Case] = {
@@ -297,6 +304,19 @@ CASES: dict[str, Case] = {
     "onecycle-resume": Case("mlp", loop="onecycle"),
     "sync-mismatch": Case("mlp", schedule="wrong-mode", reference=False),
     "sgd-after-errors": Case("cnn"),  # run last: the refused runs above must leave nothing behind
+    # Horovod only: the schedule marks Horovod's own path (Schedule.framework); pace trains with
+    # hvd.DistributedOptimizer. DDP's loop (no synchronize()) in the sync mode: backward()
+    # returns reduced; "-horovod-style": synchronize(); ...; with skip_synchronize(): step().
+    "fw-sgd": Case("cnn", framework=True),
+    "fw-clip": Case("mlp", loop="clip", framework=True, pace_horovod_style=False),
+    "fw-clip-horovod-style": Case("mlp", loop="clip", framework=True),
+    "fw-amp-fp16-clip": Case("mlp", loop="amp-clip", framework=True, pace_horovod_style=False),
+    "fw-accum": Case("mlp", loop="accum", framework=True),
+    "fw-bn-seeds": Case("bn", loop="bn", seed_by_rank=True, framework=True),
+    "fw-bn-broadcast": Case("bn", loop="bn", broadcast_buffers=True, framework=True),
+    "fw-compile": Case("mlp", compiled=True, framework=True, pace_horovod_style=False),
+    "fw-onecycle-resume": Case("mlp", loop="onecycle", framework=True),
+    "fw-step-in-no-sync": Case("mlp", loop="step-in-no-sync", framework=True, reference=False),
 }
 
 
@@ -452,6 +472,18 @@ def loop_accum(s: Session) -> dict[str, Any]:
     return {"losses": losses}
 
 
+def loop_step_in_no_sync(s: Session) -> dict[str, Any]:
+    """A misuse: step() inside no_sync(), on the gradients accumulated there (refused)."""
+    run = s.run
+    for step in range(s.steps):
+        run.opt.zero_grad()
+        x, y = batch(inputs_of(run.model), s.rank, step)
+        with run.no_sync():
+            loss_of(run.module(x), y).backward()  # type: ignore[no-untyped-call]
+            run.opt.step()
+    return {}
+
+
 def loop_branch(s: Session, *, rank0_aux: bool) -> dict[str, Any]:
     """``branch`` on even steps only (unused on every rank on odd steps); ``aux`` on rank 0 only
     (``rank0_aux``) or never."""
@@ -541,6 +573,7 @@ LOOPS: dict[str, Callable[[Session], dict[str, Any]]] = {
     "amp-clip": functools.partial(loop_amp, clip=True),
     "amp-noskip": functools.partial(loop_amp, clip=False, huge=False),
     "accum": loop_accum,
+    "step-in-no-sync": loop_step_in_no_sync,
     "branch": functools.partial(loop_branch, rank0_aux=False),
     "rank0-aux": functools.partial(loop_branch, rank0_aux=True),
     "bn": loop_bn,
@@ -658,20 +691,28 @@ def _pace_run(
     import pace.runtime
 
     module = _compile(model) if case.compiled else model
-    schedule: Schedule | None = None
+    schedule: Schedule | str | None = None
     if case.schedule == "compiled":
         schedule = make_schedule(model, mode)
     elif case.schedule == "wrong-mode":
         schedule = make_schedule(model, "overlap" if mode == "sync" else "sync")
-    opt = pace.runtime.wrap(
-        make_optimizer(case.optimizer, model.parameters()),
-        module,
-        schedule,
-        backend=env.backend,
-        sync=mode == "sync",
-        broadcast_buffers=case.broadcast_buffers,
-        timeout_s=env.timeout_s,
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        if case.framework:
+            from pace.io import save_schedule
+
+            assert isinstance(schedule, Schedule)
+            path = os.path.join(tmp, "framework.schedule.json")
+            save_schedule(dataclasses.replace(schedule, framework="horovod"), path)
+            schedule = path
+        opt = pace.runtime.wrap(
+            make_optimizer(case.optimizer, model.parameters()),
+            module,
+            schedule,
+            backend=env.backend,
+            sync=mode == "sync",
+            broadcast_buffers=case.broadcast_buffers,
+            timeout_s=env.timeout_s,
+        )
     popt = cast(PaceOptimizer, opt)
     style = env.backend == "horovod" if case.pace_horovod_style is None else case.pace_horovod_style
     return Run(
@@ -734,7 +775,38 @@ class Outcome:
     breaks: int | None = None
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    skip_sync_warnings: int = 0  # Horovod's "step() called without skip_synchronize()"
+    allreduces: int | None = None  # all-reduces issued by hvd.DistributedOptimizer (Horovod)
     threads_after_close: list[str] = field(default_factory=list)
+
+
+class HorovodOptimizerCalls:
+    """Counts the all-reduces ``hvd.DistributedOptimizer`` issues (a gradient reduced twice
+    leaves the same bits with 2 ranks; the count shows it)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.count: int | None = None
+        self._module: Any = None
+        if backend == "horovod":
+            import horovod.torch.optimizer as module
+
+            self._module, self.count = module, 0
+
+    def __enter__(self) -> HorovodOptimizerCalls:
+        if self._module is not None:
+            plain = self._module.allreduce_async_
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                self.count = (self.count or 0) + 1
+                return plain(*args, **kwargs)
+
+            self._plain = plain
+            self._module.allreduce_async_ = counted
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._module is not None:
+            self._module.allreduce_async_ = self._plain
 
 
 def execute(
@@ -756,7 +828,8 @@ def execute(
         counters.clear()
     t0 = time.perf_counter()
     session: Session | None = None
-    with warnings.catch_warnings(record=True) as caught:
+    calls = HorovodOptimizerCalls(env.backend)
+    with warnings.catch_warnings(record=True) as caught, calls:
         warnings.simplefilter("always")
         try:
             run = make_run(case, env, who, mode, alt=alt)
@@ -778,6 +851,8 @@ def execute(
                 on_error(out)
     out.seconds = time.perf_counter() - t0
     out.warnings = [str(w.message)[:300] for w in caught][:3]
+    out.skip_sync_warnings = sum("skip_synchronize" in str(w.message) for w in caught)
+    out.allreduces = calls.count
     if case.compiled:
         out.graphs = int(counters["stats"]["unique_graphs"])
         out.breaks = int(sum(counters["graph_break"].values()))
@@ -885,6 +960,9 @@ def run_case(name: str, modes: list[Mode], env: Env, comm: Comm, *, ref_twice: b
         res["moved"] = bool(pace.initial) and not compare(pace.initial, pace.final)[0]
         res["seconds_pace"] = round(pace.seconds, 3)
         res["warnings"] = pace.warnings
+        res["skip_sync_warnings"] = pace.skip_sync_warnings
+        if ref is not None and env.backend == "horovod":
+            res["allreduces_ref"], res["allreduces_pace"] = ref.allreduces, pace.allreduces
         res["threads_after_close"] = pace.threads_after_close
         mine = (
             digest(pace.final),
