@@ -514,6 +514,22 @@ def worker_train(args: argparse.Namespace) -> None:
     x = torch.randn(args.batch, 3, 32, 32, generator=g)
     y = torch.randint(0, NUM_CLASSES, (args.batch,), generator=g)
 
+    from pace.io import load_schedule
+
+    schedule_of = {
+        "pace": args.schedule,
+        "pace-serial": args.schedule,
+        "pace-sync": args.sync_schedule,
+        f"pace{AGAIN}": args.again_schedule,
+        f"pace-sync{AGAIN}": args.again_sync_schedule,
+    }
+    # The compiled modes whose schedule the compiler marked for Horovod's own path (its
+    # replay predicted slower): pace.runtime.wrap then trains with hvd.DistributedOptimizer,
+    # under Horovod's defaults as vanilla is (``_horovod_settings``), with no units to log.
+    on_framework = frozenset(
+        k for k, path in schedule_of.items() if path and load_schedule(path).framework
+    )
+
     def make(kind: str) -> tuple[Any, Any]:
         torch.manual_seed(0)
         model = vgg_cifar(NUM_CLASSES)
@@ -539,13 +555,7 @@ def worker_train(args: argparse.Namespace) -> None:
 
             ddp = DistributedDataParallel(model)
             return ddp, torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
-        schedule = {
-            "pace": args.schedule,
-            "pace-serial": args.schedule,
-            "pace-sync": args.sync_schedule,
-            f"pace{AGAIN}": args.again_schedule,
-            f"pace-sync{AGAIN}": args.again_sync_schedule,
-        }.get(kind)
+        schedule = schedule_of.get(kind)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return model, pace.runtime.wrap(
@@ -553,7 +563,7 @@ def worker_train(args: argparse.Namespace) -> None:
                 model,
                 schedule,
                 backend=args.backend,
-                monitor=unit_logs.setdefault(kind, UnitLog()),
+                monitor=None if kind in on_framework else unit_logs.setdefault(kind, UnitLog()),
                 options=pace.runtime.RuntimeOptions(
                     sync=kind in SYNC_VARIANTS,
                     # pace-serial: the replay issuing a unit only once the last one is done,
@@ -570,7 +580,7 @@ def worker_train(args: argparse.Namespace) -> None:
     def block(kind: str, steps: int, *, timed: bool = True) -> list[float]:
         nonlocal current
         if args.backend == "horovod":
-            want = _horovod_settings(kind)
+            want = _horovod_settings(kind, on_framework)
             if want != current:
                 # Vanilla Horovod's defaults and the runtime's settings in one launch, so the
                 # shared machine's load between launches is not part of their ratio: Horovod
@@ -602,8 +612,10 @@ def worker_train(args: argparse.Namespace) -> None:
             opt.step()
             if timed and LEAD_IN <= i < LEAD_IN + steps:  # where each period went
                 phases[kind].append((t1 - t0, t2 - t1, time.perf_counter() - t2))
-        if kind in RUNTIME_VARIANTS:
-            opt.synchronize()  # drain before the next variant's block (vanilla's step() did)
+        if kind in RUNTIME_VARIANTS and kind not in on_framework:
+            # Drain before the next variant's block (vanilla's step() did; so did Horovod's
+            # own path, whose synchronize() with nothing pending would reduce every gradient).
+            opt.synchronize()
         counted = starts[LEAD_IN:]
         if timed:  # how busy the host's cores were over the measured periods (cpu_floor_ms)
             cpu[kind].append((busy_ms[-1] - busy_ms[0], (counted[-1] - counted[0]) * 1e3, steps))
@@ -642,14 +654,17 @@ def worker_train(args: argparse.Namespace) -> None:
             Path(f"{args.out}.settings").write_text(json.dumps(settings_seen))
 
 
-def _horovod_settings(kind: str | None = None) -> dict[str, str | None]:
+def _horovod_settings(
+    kind: str | None = None, on_framework: frozenset[str] = frozenset()
+) -> dict[str, str | None]:
     """The Horovod variables that ``kind``'s blocks run under (vanilla Horovod and its
-    ``local@vanilla``: Horovod's defaults; the rest: the runtime's, with ``--horovod-env``);
+    ``local@vanilla``, and a compiled mode whose schedule trains with Horovod's own path
+    (``on_framework``): Horovod's defaults; the rest: the runtime's, with ``--horovod-env``);
     no kind: the current environment's."""
     pace_env = pace_horovod_env()
     if kind is None:
         return {k: os.environ.get(k) for k in pace_env}
-    if kind in DEFAULT_SETTINGS_VARIANTS:
+    if kind in DEFAULT_SETTINGS_VARIANTS or kind in on_framework:
         return dict.fromkeys(pace_env)
     return dict(pace_env)
 
@@ -987,6 +1002,14 @@ def simulate_variants(
         )
         for k, r in sims.items()
     }
+    # A compiled mode whose schedule trains with Horovod's own path runs as vanilla does.
+    for k, compiled in (
+        ("pace", schedule),
+        ("pace-serial", schedule),
+        ("pace-sync", sync_schedule),
+    ):
+        if compiled is not None and compiled.framework is not None and "vanilla" in out:
+            out[k] = out["vanilla"]
     # No communication at all: only a backend's idle loss slows compute.
     compute_ms = _compute_us(trace) / 1e3
     out["local"] = Predicted(compute_ms * slow("local"), 0.0)
@@ -1149,6 +1172,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                             interference=dataclasses.replace(runtime_term, idle_loss=0.0)
                             if job_local_ms
                             else runtime_term,
+                            framework=framework_path(backend, as_run) if job_local_ms else None,
                         ),
                     )
                     # The loss the calibration fitted absorbs what the replay misses at the
@@ -1163,6 +1187,8 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     ).schedule
                     _say_hedge("pace", result.schedule)
                     _say_hedge("pace-sync", sync)
+                    _say_framework("pace", result.schedule)
+                    _say_framework("pace-sync", sync)
                     save_schedule(sync, tmp / f"{rate}-{backend}.sync.schedule.json")
                     # The calibration's schedules the compiler replaced, trained again in the
                     # timed launch: their repeat is how far a compiled mode's program moved.
@@ -1735,8 +1761,42 @@ def of_programs(
 
 
 def _program(schedule: Any) -> Any:
-    """What the runtime replays of a schedule: its units' slices, in priority order."""
-    return None if schedule is None else tuple(u.slices for u in schedule.ordered_units())
+    """What the runtime trains with of a schedule: its units' slices, in priority order, or
+    the framework's own path where the schedule says so."""
+    if schedule is None:
+        return None
+    return (schedule.framework, tuple(u.slices for u in schedule.ordered_units()))
+
+
+def framework_path(backend: str, as_run: AsRun) -> Any:
+    """Vanilla Horovod's path as the calibration launch measured it (``fit_vanilla_channel``:
+    its fused, cached calls' cost; its compute term), for the compiler to weigh against its
+    schedule (``comm.framework``); None with torch (DDP's buckets are among the compiler's
+    own baselines, under the runtime's cost terms, which DDP's calls share)."""
+    from pace.ir import FrameworkPath
+
+    comm = as_run.comms.get("vanilla")
+    if backend != "horovod" or comm is None:
+        return None
+    term = as_run.term("vanilla")
+    return FrameworkPath(
+        backend="horovod",
+        alpha_us=comm.alpha_us,
+        beta_us_per_byte=comm.beta_us_per_byte,
+        interference=dataclasses.replace(term, idle_loss=0.0) if term is not None else None,
+    )
+
+
+def _say_framework(mode: str, schedule: Any) -> None:
+    """Where the compiler chose Horovod's own path over the schedule's units."""
+    info = schedule.meta.get("framework")
+    if info is None:
+        return
+    _say(
+        f"    {mode}: the compiler chose Horovod's own path: predicted "
+        f"{info['predicted_iteration_us'] / 1e3:.1f} ms against the units' "
+        f"{info['replay_us'] / 1e3:.1f} ms"
+    )
 
 
 def step_measured(backend: str) -> frozenset[str]:

@@ -638,3 +638,40 @@ def test_the_hedge_model_swaps_in_the_probes_loss_alone() -> None:
     assert dataclasses.replace(alt.comm, interference=None) == dataclasses.replace(
         comm, interference=None
     )
+
+
+def test_the_compilers_framework_path_is_the_runs_vanilla(
+    vgg_slow_link: tuple[Trace, Interference, tuple[object, object]],
+) -> None:
+    """The framework path the benchmark gives the compiler (``framework_path``: vanilla's
+    fitted calls and term) replays, in ``pace.compiler.framework_path_us``, to the period the
+    benchmark predicts for vanilla; a schedule marked for that path is predicted as vanilla,
+    and its program differs from its units' (so `pace@cal` trains them again)."""
+    from pace.compiler import framework_path_us
+
+    trace, probe, schedules = vgg_slow_link
+    step_us = 40e3
+    trace = dataclasses.replace(
+        trace,
+        comm=dataclasses.replace(trace.comm, update_us_per_byte=step_us / trace.total_bytes),
+        meta={**trace.meta, "optimizer_us": step_us},
+    )
+    vanilla_term = dataclasses.replace(
+        probe, **VANILLA_CHANNEL, us_per_call=0.0, us_per_byte=0.0, idle_loss=0.0
+    )
+    fused = dataclasses.replace(trace.comm, beta_us_per_byte=trace.comm.beta_us_per_byte * 0.5)
+    run = bench_netns.AsRun(
+        terms={"*": dataclasses.replace(probe, idle_loss=0.0), "vanilla": vanilla_term},
+        comms={"vanilla": fused},
+    )
+    assert bench_netns.framework_path("torch", run) is None
+    path = bench_netns.framework_path("horovod", run)
+    compiled = dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, framework=path))
+    sims = bench_netns.simulate_variants(trace, *schedules, "horovod", as_run=run)
+    assert framework_path_us(compiled) == pytest.approx(sims["vanilla"].period_ms * 1e3, rel=1e-9)
+    schedule, sync = schedules
+    marked = dataclasses.replace(schedule, framework="horovod")  # type: ignore[type-var]
+    on_path = bench_netns.simulate_variants(trace, marked, sync, "horovod", as_run=run)
+    assert on_path["pace"] == on_path["vanilla"]
+    assert on_path["pace-sync"] == sims["pace-sync"]
+    assert bench_netns._program(marked) != bench_netns._program(schedule)
