@@ -460,6 +460,7 @@ def wrap(
     else:
         refusal: InputError | None = None
         fell_back = False
+        own_path: Literal["framework", "fallback"] | None = None
         try:
             loaded, where, trace_obj = _load(schedule, trace)
             if loaded.mode != want_mode:
@@ -486,19 +487,16 @@ def wrap(
                 RuntimeWarning,
                 stacklevel=2,
             )
-            if backend == "horovod":
-                return _horovod_path(
-                    optimizer,
-                    model,
-                    module,
-                    sync=options.sync,
-                    broadcast_buffers=sync_buffers,
-                    monitor=monitor,
-                )
-            plan = wfbp_plan(infos)
             fell_back = True
+            # Horovod's own optimizer is the plain data-parallel path there; torch gets WFBP.
+            if backend == "horovod":
+                own_path = "fallback"
+            else:
+                plan = wfbp_plan(infos)
         if loaded is not None and loaded.framework is not None and not fell_back:
             _warn_framework_path(loaded, where)
+            own_path = "framework"
+        if own_path is not None:
             return _horovod_path(
                 optimizer,
                 model,
@@ -506,7 +504,7 @@ def wrap(
                 sync=options.sync,
                 broadcast_buffers=sync_buffers,
                 monitor=monitor,
-                framework=True,
+                framework=own_path == "framework",
             )
 
     if drift is not False and (schedule is None or plan.source == "wfbp"):
