@@ -1182,13 +1182,12 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     result = compile_trace(compiled, hedge=hedge)
                     sched_path = tmp / f"{rate}-{backend}.schedule.json"
                     save_schedule(result.schedule, sched_path)
-                    sync = compile_trace(
-                        compiled, mode="sync", baselines=False, hedge=hedge
-                    ).schedule
+                    sync_result = compile_trace(compiled, mode="sync", baselines=False, hedge=hedge)
+                    sync = sync_result.schedule
                     _say_hedge("pace", result.schedule)
                     _say_hedge("pace-sync", sync)
-                    _say_framework("pace", result.schedule)
-                    _say_framework("pace-sync", sync)
+                    _say_framework("pace", result)
+                    _say_framework("pace-sync", sync_result)
                     save_schedule(sync, tmp / f"{rate}-{backend}.sync.schedule.json")
                     # The calibration's schedules the compiler replaced, trained again in the
                     # timed launch: their repeat is how far a compiled mode's program moved.
@@ -1787,10 +1786,18 @@ def framework_path(backend: str, as_run: AsRun) -> Any:
     )
 
 
-def _say_framework(mode: str, schedule: Any) -> None:
-    """Where the compiler chose Horovod's own path over the schedule's units."""
-    info = schedule.meta.get("framework")
+def _say_framework(mode: str, result: Any) -> None:
+    """The compiler's choice between the schedule's units and Horovod's own path, with both
+    predictions, so a run shows the margin the choice was made on."""
+    if result.framework_us is None:
+        return
+    info = result.schedule.meta.get("framework")
     if info is None:
+        units_ms = result.schedule.predicted_iteration_us / 1e3
+        _say(
+            f"    {mode}: the units kept: predicted {units_ms:.1f} ms against Horovod's own "
+            f"path's {result.framework_us / 1e3:.1f} ms"
+        )
         return
     _say(
         f"    {mode}: the compiler chose Horovod's own path: predicted "

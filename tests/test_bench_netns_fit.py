@@ -642,11 +642,13 @@ def test_the_hedge_model_swaps_in_the_probes_loss_alone() -> None:
 
 def test_the_compilers_framework_path_is_the_runs_vanilla(
     vgg_slow_link: tuple[Trace, Interference, tuple[object, object]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The framework path the benchmark gives the compiler (``framework_path``: vanilla's
     fitted calls and term) replays, in ``pace.compiler.framework_path_us``, to the period the
     benchmark predicts for vanilla; a schedule marked for that path is predicted as vanilla,
-    and its program differs from its units' (so `pace@cal` trains them again)."""
+    and its program differs from its units' (so `pace@cal` trains them again); the run says
+    which the compiler chose and both predictions."""
     from pace.compiler import framework_path_us
 
     trace, probe, schedules = vgg_slow_link
@@ -675,3 +677,21 @@ def test_the_compilers_framework_path_is_the_runs_vanilla(
     assert on_path["pace"] == on_path["vanilla"]
     assert on_path["pace-sync"] == sims["pace-sync"]
     assert bench_netns._program(marked) != bench_netns._program(schedule)
+    # The run states the choice and its margin either way: kept units (the framework slower)
+    # and the framework's path (it faster).
+    slow = dataclasses.replace(
+        path,
+        beta_us_per_byte=path.beta_us_per_byte * 50,  # type: ignore[union-attr]
+    )
+    for framework, chosen in ((slow, False), (dataclasses.replace(path, alpha_us=0.0), True)):
+        result = compile_trace(
+            dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, framework=framework))
+        )
+        assert result.framework_us is not None
+        assert (result.schedule.framework is not None) is chosen
+        lines: list[str] = []
+        monkeypatch.setattr(bench_netns, "_say", lines.append)
+        bench_netns._say_framework("pace", result)
+        assert len(lines) == 1
+        assert ("chose Horovod's own path" in lines[0]) is chosen
+        assert f"{result.framework_us / 1e3:.1f} ms" in lines[0]
