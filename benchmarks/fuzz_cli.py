@@ -982,8 +982,10 @@ def _finite_numbers(obj: Any, where: str = "") -> str:
                 return bad
             # Times must be numbers (print_json writes NaN and infinities as null); sizes may
             # be null (an unset byte window) but never negative.
-            # current_us: recompile without --schedule has no current schedule to replay.
-            timed = (str(k).endswith("_us") and k != "current_us") or where.endswith(".baselines")
+            # Null only where nothing exists to time: current_us (recompile without --schedule
+            # has no current schedule), framework_us (the trace has no comm.framework).
+            absent = k in ("current_us", "framework_us") and v is None
+            timed = (str(k).endswith("_us") and not absent) or where.endswith(".baselines")
             sized = str(k).endswith("_bytes") and v is not None
             values = list(v.values()) if isinstance(v, dict) else [v]  # e.g. replayed_us
             for x in values if timed or sized else ():
