@@ -93,13 +93,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from benchmarks._common import compute_only_us, env_pairs, host_busy_ms, iqr  # noqa: E402
+
+if TYPE_CHECKING:
+    from pace.compiler import CompileResult
 
 MODEL = "pace:vgg-cifar"
 NUM_CLASSES = 10
@@ -1786,24 +1789,23 @@ def framework_path(backend: str, as_run: AsRun) -> Any:
     )
 
 
-def _say_framework(mode: str, result: Any) -> None:
+def _say_framework(mode: str, result: CompileResult) -> None:
     """The compiler's choice between the schedule's units and Horovod's own path, with both
     predictions, so a run shows the margin the choice was made on."""
     if result.framework_us is None:
         return
-    info = result.schedule.meta.get("framework")
-    if info is None:
-        units_ms = result.schedule.predicted_iteration_us / 1e3
+    units_ms = result.schedule.predicted_iteration_us / 1e3
+    path_ms = result.framework_us / 1e3
+    if result.schedule.framework is None:
         _say(
             f"    {mode}: the units kept: predicted {units_ms:.1f} ms against Horovod's own "
-            f"path's {result.framework_us / 1e3:.1f} ms"
+            f"path's {path_ms:.1f} ms"
         )
-        return
-    _say(
-        f"    {mode}: the compiler chose Horovod's own path: predicted "
-        f"{info['predicted_iteration_us'] / 1e3:.1f} ms against the units' "
-        f"{info['replay_us'] / 1e3:.1f} ms"
-    )
+    else:
+        _say(
+            f"    {mode}: the compiler chose Horovod's own path: predicted {path_ms:.1f} ms "
+            f"against the units' {units_ms:.1f} ms"
+        )
 
 
 def step_measured(backend: str) -> frozenset[str]:
