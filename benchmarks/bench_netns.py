@@ -749,9 +749,12 @@ def profile_trace(batch: int, out: Path) -> Any:
 def with_update(comm: Any, trace: Any) -> Any:
     """``comm`` with the update the overlapped runtime runs as each unit completes (the
     optimizer step on its parameters, on the completion thread, before the forward may use
-    them): the profile's ``update_us_per_byte``, else its step per byte of gradient."""
+    them): the profile's ``update_us_per_byte``, else its step per byte of gradient; and the
+    profile's copy-back of fused units (``copy_us_per_byte``)."""
     per_byte = trace.comm.update_us_per_byte or _step_us(trace) / trace.total_bytes
-    return dataclasses.replace(comm, update_us_per_byte=per_byte)
+    return dataclasses.replace(
+        comm, update_us_per_byte=per_byte, copy_us_per_byte=trace.comm.copy_us_per_byte
+    )
 
 
 def fit_link(link: Link, backend: str, trace: Any, tmp: Path, reps: int) -> Any:
@@ -951,10 +954,16 @@ def simulate_variants(
         # The overlapped modes update each unit's parameters as it completes, before the
         # forward may use them; the others step on the training thread (``step``).
         update = trace.comm.update_us_per_byte if variant in STEP_IN_BACKGROUND else 0.0
+        # pace's runtime copies a fused unit's buffer back on its completion thread, in both
+        # modes; the frameworks' calls copy inside their fitted cost.
+        copy = trace.comm.copy_us_per_byte if variant in RUNTIME_VARIANTS else 0.0
         return dataclasses.replace(
             trace,
             comm=dataclasses.replace(
-                comm, interference=run.term(variant), update_us_per_byte=update
+                comm,
+                interference=run.term(variant),
+                update_us_per_byte=update,
+                copy_us_per_byte=copy,
             ),
         )
 

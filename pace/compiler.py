@@ -90,6 +90,7 @@ def framework_path_us(trace: Trace) -> float | None:
         if path.interference is not None
         else trace.comm.interference,
         update_us_per_byte=0.0,
+        copy_us_per_byte=0.0,
         framework=None,
     )
     policy = FRAMEWORK_POLICIES[path.backend]
@@ -164,9 +165,12 @@ def apply_what_if(
             for op in trace.ops
         )
         meta = {**trace.meta, "compute_speedup": compute_speedup}
-        # The update of a reduced gradient is computation too: it speeds up with the ops.
+        # The update of a reduced gradient and its copy-back are computation too: they speed
+        # up with the ops.
         comm = dataclasses.replace(
-            trace.comm, update_us_per_byte=trace.comm.update_us_per_byte / compute_speedup
+            trace.comm,
+            update_us_per_byte=trace.comm.update_us_per_byte / compute_speedup,
+            copy_us_per_byte=trace.comm.copy_us_per_byte / compute_speedup,
         )
         trace = dataclasses.replace(trace, ops=ops, meta=meta, comm=comm)
     if mode not in SCHEDULE_MODES:

@@ -292,7 +292,8 @@ def what_if(
         new_share = (new_w - 1) / new_w
         beta = comm.beta_us_per_byte * (new_share / old_share) if old_share else 0.0
     # The interference term is what this machine's compute loses to its communication, and the
-    # update is its compute: both kept as measured (a what-if moves the link, not the cores).
+    # update and the copy-back are its compute: all kept as measured (a what-if moves the link,
+    # not the cores).
     return CommModel(
         workers=new_w,
         alpha_us=comm.alpha_us,
@@ -300,4 +301,5 @@ def what_if(
         algorithm=comm.algorithm,
         interference=comm.interference,
         update_us_per_byte=comm.update_us_per_byte,
+        copy_us_per_byte=comm.copy_us_per_byte,
     )

@@ -728,6 +728,11 @@ def _comm_from(r: _Reader, v: Any, path: str, *, with_samples: bool = True) -> C
             if "update_us_per_byte" in o
             else 0.0
         ),
+        copy_us_per_byte=(
+            r.num(o["copy_us_per_byte"], f"{path}.copy_us_per_byte", bound=_BETA)
+            if "copy_us_per_byte" in o
+            else 0.0
+        ),
         framework=(
             _framework_from(r, o["framework"], f"{path}.framework") if "framework" in o else None
         ),
@@ -880,6 +885,8 @@ def _comm_to(comm: CommModel, *, with_samples: bool = True) -> dict[str, Any]:
         out["interference"] = _interference_to(comm.interference)
     if comm.update_us_per_byte > 0:  # optional: files without it keep their bytes
         out["update_us_per_byte"] = _num_out(comm.update_us_per_byte)
+    if comm.copy_us_per_byte > 0:
+        out["copy_us_per_byte"] = _num_out(comm.copy_us_per_byte)
     if comm.framework is not None:
         out["framework"] = _framework_to(comm.framework)
     return out

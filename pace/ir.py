@@ -159,6 +159,10 @@ class CommModel:
     parameter once its reduction completes, on one background thread, one unit after the other:
     the forward that needs the parameter waits for that update. 0: the update is free (or runs
     after a barrier, outside the replayed window, as a framework's ``optimizer.step()``).
+    ``copy_us_per_byte``: what pace's runtime takes to copy a fused unit's reduced buffer back
+    into its gradients, per byte of the unit, on the thread that completes units, before their
+    update (a unit of one piece is reduced in place and copies nothing). Both modes pay it: the
+    overlapped forward and the synchronous ``backward()``'s return wait for it. 0: free.
     ``framework``: the framework's own path on the same link, where measured (``FrameworkPath``).
     """
 
@@ -169,6 +173,7 @@ class CommModel:
     samples: tuple[tuple[int, float], ...] = ()
     interference: Interference | None = None
     update_us_per_byte: float = 0.0
+    copy_us_per_byte: float = 0.0
     framework: FrameworkPath | None = None
 
     def cost_us(self, size_bytes: float) -> float:

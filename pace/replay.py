@@ -16,7 +16,6 @@ jittered worlds.
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ __all__ = [
     "iteration_us",
     "serial_replay",
     "start_order",
+    "unit_copies",
     "updated_us",
     "window_us",
 ]
@@ -55,6 +55,9 @@ class UnitArrays:
     in_order: bool = False
     # Unit indices by (priority, file order).
     priority_order: tuple[int, ...] = ()
+    # Per unit: the runtime's copy of its reduced buffer back into the gradients
+    # (``comm.copy_us_per_byte``; 0 for a unit of one piece, reduced in place).
+    copy_us: tuple[float, ...] = ()
 
 
 def index_units(
@@ -64,6 +67,7 @@ def index_units(
     comm = analysis.trace.comm
     alpha = float(comm.alpha_us)
     beta = float(comm.beta_us_per_byte)
+    copy_per_byte = float(comm.copy_us_per_byte)
     index = analysis.tensor_index
     release = analysis.release_us
     units_of_tensor: list[list[int]] = [[] for _ in analysis.tensor_names]
@@ -72,6 +76,7 @@ def index_units(
     sizes: list[int] = []
     tensors: list[tuple[int, ...]] = []
     ready: list[float] = []
+    copy: list[float] = []
     for u, unit in enumerate(units):
         size = 0
         idx: list[int] = []
@@ -93,6 +98,7 @@ def index_units(
         priority.append(float(unit.priority))
         cost.append(alpha + beta * size)
         sizes.append(size)
+        copy.append(copy_per_byte * size if len(unit.slices) > 1 else 0.0)
         ready.append(max(release[k] for k in distinct))
     for k, owners in enumerate(units_of_tensor):
         if not owners:
@@ -112,6 +118,7 @@ def index_units(
         ready_us=ready,
         in_order=in_order,
         priority_order=porder,
+        copy_us=tuple(copy),
     )
 
 
@@ -179,23 +186,38 @@ def tensor_done_us(arrays: UnitArrays, finish_us: Sequence[float]) -> list[float
     return [max(finish_us[u] for u in owners) for owners in arrays.units_of_tensor]
 
 
+def unit_copies(arrays: UnitArrays, finish_us: Sequence[float]) -> list[tuple[float, float]]:
+    """``(finish_us, copy_us)`` of every unit whose completion copies its buffer back."""
+    return [(finish_us[u], c) for u, c in enumerate(arrays.copy_us) if c > 0]
+
+
 def updated_us(
-    done_us: Sequence[float], size_bytes: Sequence[int], update_us_per_byte: float
+    done_us: Sequence[float],
+    size_bytes: Sequence[int],
+    update_us_per_byte: float,
+    copies: Sequence[tuple[float, float]] = (),
 ) -> list[float]:
-    """When each reduced tensor reaches its consumers (``comm.update_us_per_byte``): pace's
-    overlapped runtime updates the tensors a completion finishes on one thread, after the
-    update before, for ``update_us_per_byte`` per byte. Tensors done at the same instant are
-    one completion. With no cost, ``done_us``. Reductions never wait for compute, so this pass
-    over their ends is exact under ideal compute (Lemma 1)."""
-    if update_us_per_byte <= 0:  # no copy on the hot path: callers only read the result
+    """When each reduced tensor reaches its consumers. pace's runtime completes units on one
+    thread, one after the other: at each completion it copies a fused unit's buffer back into
+    its gradients (``copies``: ``(finish_us, copy_us)`` per unit, ``comm.copy_us_per_byte``),
+    then updates the tensors the completion finishes (``comm.update_us_per_byte`` per byte;
+    the overlapped mode's optimizer step). Tensors done at the same instant are one completion,
+    after every copy of that instant. With neither cost, ``done_us``. Reductions never wait for
+    this thread, so the pass over their ends is exact under ideal compute (Lemma 1)."""
+    if update_us_per_byte <= 0 and not copies:  # no copy on the hot path: callers only read
         return done_us if isinstance(done_us, list) else list(done_us)
     out = list(done_us)
-    free = 0.0  # when the update thread is next idle
-    by_end = sorted(range(len(out)), key=done_us.__getitem__)
-    for t, group in itertools.groupby(by_end, key=done_us.__getitem__):
-        members = list(group)
-        free = max(free, t) + update_us_per_byte * sum(size_bytes[k] for k in members)
-        for k in members:
+    work: dict[float, float] = {}  # per completion instant: the thread's work, us
+    members: dict[float, list[int]] = {}
+    for t, c in copies:
+        work[t] = work.get(t, 0.0) + c
+    for k, t in enumerate(done_us):
+        work[t] = work.get(t, 0.0) + update_us_per_byte * size_bytes[k]
+        members.setdefault(t, []).append(k)
+    free = 0.0  # when the completion thread is next idle
+    for t in sorted(work):
+        free = max(free, t) + work[t]
+        for k in members.get(t, ()):
             out[k] = free
     return out
 
@@ -208,5 +230,6 @@ def iteration_us(analysis: TraceAnalysis, units: Sequence[Unit]) -> float:
         tensor_done_us(arrays, finish),
         analysis.size_bytes,
         analysis.trace.comm.update_us_per_byte,
+        unit_copies(arrays, finish),
     )
     return window_us(analysis.critical_path_us, done, analysis.tail_us)

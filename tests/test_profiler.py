@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import statistics
 
 import pytest
@@ -309,6 +310,20 @@ def test_the_optimizer_step_becomes_the_update_cost_per_byte() -> None:
     assert trace.comm.update_us_per_byte == pytest.approx(
         trace.meta["optimizer_us"] / trace.total_bytes
     )
+
+
+def test_the_profile_measures_the_runtime_s_copy_back_per_byte() -> None:
+    """pace's runtime copies a fused unit's reduced buffer back into its gradients: the profile
+    times that call on the gradients' device and dtype (comm.copy_us_per_byte), a rate of the
+    memory that even a model of a few kilobytes gets right."""
+    _, trace = _cnn_trace()
+    assert trace.total_bytes < 1 << 20
+    # Between 1 GB/s and 100 TB/s: a real memory copy on any host or device.
+    assert 1e-8 < trace.comm.copy_us_per_byte < 1e-3
+    # A comm model that already carries one keeps it (a trace profiled elsewhere).
+    given = dataclasses.replace(trace.comm, copy_us_per_byte=0.5)
+    _, kept = _cnn_trace(comm=given)
+    assert kept.comm.copy_us_per_byte == 0.5
 
 
 # --- bad input ----------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from pace.replay import (
     serial_replay,
     start_order,
     tensor_done_us,
+    unit_copies,
     updated_us,
     window_us,
 )
@@ -226,7 +227,9 @@ def jittered_replays_us(worlds: JitterWorlds, units: Sequence[Unit]) -> list[flo
         rel = worlds.release_us[w].tolist()
         ready = issue_ready_us([max(rel[k] for k in members) for members in arrays.tensors], order)
         _, finish = serial_replay(ready, arrays.cost_us, rank)
-        done = updated_us(tensor_done_us(arrays, finish), sizes, per_byte)
+        done = updated_us(
+            tensor_done_us(arrays, finish), sizes, per_byte, unit_copies(arrays, finish)
+        )
         out.append(
             window_us(float(worlds.compute_makespan_us[w]), done, worlds.tail_us[w].tolist())
         )

@@ -120,6 +120,7 @@ def profile(
                     records.append(record)
                 bar.update(1)
         plain = [_plain_iteration(model, step_fn, trainable, optimizer) for _ in range(calibrate)]
+        copy_us_per_byte = _copy_us_per_byte(trainable[0][1])
     finally:
         if threads is not None:
             torch.set_num_threads(old_threads)
@@ -169,7 +170,43 @@ def profile(
         subtract_bookkeeping=clk.name == "host",
         meta=base_meta,
     )
+    if trace.comm.copy_us_per_byte == 0 and copy_us_per_byte > 0:
+        trace = dataclasses.replace(
+            trace, comm=dataclasses.replace(trace.comm, copy_us_per_byte=copy_us_per_byte)
+        )
     return _check_device_bound(trace, clk.name)
+
+
+# The copy-back measurement's buffer: large enough that the call's fixed cost (tens of us) is
+# lost in its per-byte rate, small beside any device's memory.
+COPY_SAMPLE_BYTES = 16 << 20
+COPY_SAMPLE_PIECES = 8
+
+
+def _copy_us_per_byte(like: torch.Tensor, reps: int = 5) -> float:
+    """What pace's runtime pays per byte to copy a fused unit's reduced buffer back into its
+    gradients (``comm.copy_us_per_byte``): the runtime's call (``torch._foreach_copy_`` from one
+    flat buffer into ``COPY_SAMPLE_PIECES`` tensors) on ``COPY_SAMPLE_BYTES`` of a gradient's
+    device and dtype, median of ``reps`` after a warm-up. A rate of the memory, not of this
+    model's gradients: a small model's would be the call's fixed cost spread over few bytes."""
+    numel = COPY_SAMPLE_BYTES // like.element_size()
+    flat = torch.zeros(numel, dtype=like.dtype, device=like.device)
+    src = list(flat.chunk(COPY_SAMPLE_PIECES))
+    dst = [torch.empty_like(t) for t in src]
+    on_cuda = flat.is_cuda
+
+    def sync() -> None:
+        if on_cuda:
+            torch.cuda.synchronize(flat.device)
+
+    times = []
+    for _ in range(reps + 1):  # the first is a warm-up
+        sync()
+        t0 = time.perf_counter()
+        torch._foreach_copy_(dst, src)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times[1:])) * 1e6 / (numel * like.element_size())
 
 
 # Instrumented passes slower than this times the plain ones: the recorder, not the device, set

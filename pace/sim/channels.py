@@ -114,6 +114,11 @@ class Channel(ABC):
     def records(self) -> tuple[tuple[Unit, ...], list[float], list[float]]:
         """The units replayed (file order) with their start and finish times."""
 
+    def copy_us(self) -> float:
+        """The runtime's copy-back of the units the last ``advance`` finished
+        (``UnitArrays.copy_us``); a framework's own calls copy inside their cost: 0."""
+        return 0.0
+
     @abstractmethod
     def compute_loss(self, now: float, interference: Interference) -> float:
         """Fraction of compute progress lost at ``now`` (after the events at ``now``)."""
@@ -162,6 +167,7 @@ class StaticChannel(Channel):
         self.call_extra_us = 0.0
         self.start = [_INF] * n
         self.finish = [_INF] * n
+        self.finished_copy_us = 0.0
 
     def produce(self, tensor: int, now: float) -> None:
         for u in self.cu.units_of_tensor[tensor]:
@@ -198,6 +204,7 @@ class StaticChannel(Channel):
             self.rate = rate
 
     def advance(self, now: float) -> list[int]:
+        self.finished_copy_us = 0.0
         if not self.flight:
             return []
         if len(self.flight) == 1 or self.queued:
@@ -224,7 +231,10 @@ class StaticChannel(Channel):
             self.flight = keep_u
             self.remaining = keep_r
         done: list[int] = []
+        copy = self.cu.copy_us
         for u in done_units:
+            if copy:
+                self.finished_copy_us += copy[u]
             self.finish[u] = now
             self.flight_bytes -= self.cu.size_bytes[u]
             for k in self.cu.tensors[u]:
@@ -251,6 +261,9 @@ class StaticChannel(Channel):
 
     def records(self) -> tuple[tuple[Unit, ...], list[float], list[float]]:
         return self.cu.units, self.start, self.finish
+
+    def copy_us(self) -> float:
+        return self.finished_copy_us
 
     def compute_loss(self, now: float, interference: Interference) -> float:
         # Units sharing the channel move its bytes at the one channel's rate, each at 1/n of

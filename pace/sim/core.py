@@ -41,7 +41,14 @@ from pace.analysis import TraceAnalysis, analyze
 from pace.checks import require_int
 from pace.errors import InputError
 from pace.ir import Schedule, Trace, Unit
-from pace.replay import index_units, serial_replay, tensor_done_us, updated_us, window_us
+from pace.replay import (
+    index_units,
+    serial_replay,
+    tensor_done_us,
+    unit_copies,
+    updated_us,
+    window_us,
+)
 from pace.sim import channels, drivers
 
 
@@ -399,8 +406,10 @@ def _simulate(
             done = drivers.drive_ideal(prep, ch)
             units, ustart, ufinish = ch.records()
         comm_end = max(ufinish, default=0.0)
-        # The consumers (and a barrier) wait for the update after each reduction, if any.
-        avail = updated_us(done, prep.size_bytes, trace.comm.update_us_per_byte)
+        # The consumers (and a barrier) wait for the copy-back and the update after each
+        # reduction, if any (Horovod's own fused calls copy inside their measured cost).
+        copies = unit_copies(cu, ufinish) if cu is not None else []
+        avail = updated_us(done, prep.size_bytes, trace.comm.update_us_per_byte, copies)
         gate = max(avail, default=0.0)
         iteration = window_us(max(prep.critical_path_us, comm_end), avail, prep.tail_us)
         if barrier and any(prep.gated):

@@ -76,8 +76,9 @@ def drive_joint(
     that rate between events; an op finishes when the clock has advanced by its duration since
     it started. Without interference the clock is real time. ``update_us_per_byte``: the
     tensors a channel event completes are updated on one update thread, one event's tensors
-    after the other's, for this much per byte, and only then reach their consumers (and the
-    barrier); ``tensor_done_us`` stays the reduction's end.
+    after the other's, for this much per byte, after the copy-back of the units the event
+    finished (``Channel.copy_us``), and only then reach their consumers (and the barrier);
+    ``tensor_done_us`` stays the reduction's end.
     """
     n_ops = len(prep.op_names)
     n_t = len(prep.tensor_names)
@@ -155,9 +156,13 @@ def drive_joint(
             reduced = _channel_step(ch, t)
             for k in reduced:
                 done_us[k] = t
-            if update_us_per_byte > 0 and reduced:
-                update_free = max(update_free, t) + update_us_per_byte * sum(
-                    size[k] for k in reduced
+            copy_us = ch.copy_us()
+            if (update_us_per_byte > 0 and reduced) or copy_us > 0:
+                # The completion thread: the copy-back, then the update (``updated_us``).
+                update_free = (
+                    max(update_free, t)
+                    + copy_us
+                    + update_us_per_byte * sum(size[k] for k in reduced)
                 )
                 for k in reduced:
                     heapq.heappush(updated, (update_free, k))
