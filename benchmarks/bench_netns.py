@@ -1124,6 +1124,11 @@ def measure(args: argparse.Namespace) -> list[Row]:
         else:
             _say(f"profiling {MODEL}, batch {args.batch}, one CPU thread ...")
             base = profile_trace(args.batch, trace_path)
+            _say(
+                f"    compute {_compute_us(base) / 1e3:.1f} ms (step {_step_us(base) / 1e3:.1f}"
+                f" ms); the runtime's copy-back of a fused unit "
+                f"{base.comm.copy_us_per_byte * 2**20 / 1e3:.3f} ms per MiB"
+            )
         rows: list[Row] = []
         with throttled_link() as link:
             for rate in args.rates.split(","):
@@ -1973,9 +1978,14 @@ def _say_hedge(mode: str, schedule: Any) -> None:
         + f" ms (worst regret {info['regret'][i]:.1%})"
         for i, row in enumerate(info["replays_us"])
     )
+    last = max(schedule.units, key=lambda u: u.priority)
+    copy_ms = (
+        schedule.cost_model.copy_us_per_byte * last.size_bytes / 1e3 if len(last.slices) > 1 else 0
+    )
     _say(
         f"    {mode}: hedged over the calibrated and the probe's loss, shipped the one compiled "
-        f"under the {names[info['chosen']]} ({len(schedule.units)} units); {cands}"
+        f"under the {names[info['chosen']]} ({len(schedule.units)} units, the last "
+        f"{last.size_bytes / 2**20:.2f} MiB, copied back in {copy_ms:.1f} ms); {cands}"
     )
 
 
