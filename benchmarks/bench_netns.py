@@ -1349,6 +1349,7 @@ def _train(
     variants = ["vanilla", *(["local@vanilla", "vanilla-nofusion"] if backend == "horovod" else [])]
     variants += [*runtime, "local"]
     path = tmp / f"train-{backend}.json"
+    clear_launch_outputs(path)
     _say(f"  training {', '.join(variants)} ...")
     env = pace_horovod_env() if backend == "horovod" else None
     launch(link, backend, [*common, "--variants", ",".join(variants), "--out", str(path)], env)
@@ -1362,6 +1363,16 @@ def _train(
             shown = ", ".join(f"{k}={v}" for k, v in env.items() if v is not None)
             _say(f"    {kind} ran under Horovod's {shown or 'defaults'}")
     return out
+
+
+def clear_launch_outputs(path: Path) -> None:
+    """Remove what an earlier launch wrote to ``path`` and beside it (``path.*``: phases, every
+    rank's unit logs, marks). The rates' launches share one directory, and a variant that
+    logs nothing in this launch (one trained through Horovod's own path logs no units) must
+    not be reported with the rate before's logs."""
+    for f in path.parent.glob(f"{path.name}*"):
+        if f.is_file():
+            f.unlink()
 
 
 RANKS = 2
@@ -1696,6 +1707,7 @@ def calibrate_handoff(
     save_schedule(first, path)
     save_schedule(first_sync, sync_path)
     out = tmp / f"handoff-{backend}.json"
+    clear_launch_outputs(out)
     timed = [*HANDOFF_VARIANTS, "pace-sync", "vanilla"]
     locals_ = ["local", *(["local@vanilla"] if backend == "horovod" else [])]
     argv = ["--role", "train", "--backend", backend, "--schedule", str(path)]

@@ -695,3 +695,17 @@ def test_the_compilers_framework_path_is_the_runs_vanilla(
         assert len(lines) == 1
         assert ("chose Horovod's own path" in lines[0]) is chosen
         assert f"{result.framework_us / 1e3:.1f} ms" in lines[0]
+
+
+def test_a_launch_starts_without_the_last_rate_s_logs(tmp_path: Path) -> None:
+    """A variant trained through Horovod's own path logs no units: the report must find none,
+    not the rate before's (the 2 Gbit/s rows of a run once showed 1 Gbit/s's channel)."""
+    out = tmp_path / "train-horovod.json"
+    stale = [out, Path(f"{out}.phases"), Path(f"{out}.pace.units.rank0")]
+    kept = [tmp_path / "train-horovod.schedule.json", tmp_path / "handoff-horovod.json"]
+    for f in (*stale, *kept):
+        f.write_text("[]")
+    bench_netns.clear_launch_outputs(out)
+    assert [f for f in stale if f.exists()] == []
+    assert all(f.exists() for f in kept)
+    assert bench_netns.read_unit_logs(Path(f"{out}.pace.units")) is None
