@@ -1015,12 +1015,8 @@ def simulate_variants(
         for k, r in sims.items()
     }
     # A compiled mode whose schedule trains with Horovod's own path runs as vanilla does.
-    for k, compiled in (
-        ("pace", schedule),
-        ("pace-serial", schedule),
-        ("pace-sync", sync_schedule),
-    ):
-        if compiled is not None and compiled.framework is not None and "vanilla" in out:
+    if "vanilla" in out:
+        for k in on_framework_modes(schedule, sync_schedule):
             out[k] = out["vanilla"]
     # No communication at all: only a backend's idle loss slows compute.
     compute_ms = _compute_us(trace) / 1e3
@@ -1075,6 +1071,7 @@ def simulate_in_job(
         as_run,
         terms={k: dataclasses.replace(t, idle_loss=0.0) for k, t in as_run.terms.items()},
     )
+    on_framework = on_framework_modes(schedule, sync_schedule)
     out: dict[str, Predicted] = {}
     for local, ms in local_ms.items():
         sims = simulate_variants(
@@ -1083,7 +1080,7 @@ def simulate_in_job(
         out |= {
             v: sim
             for v, sim in sims.items()
-            if not v.startswith("local") and local_of(v, backend) == local
+            if not v.startswith("local") and local_of(v, backend, on_framework) == local
         }
     return out
 
@@ -1633,12 +1630,24 @@ def _marks_and_grads(prefix: Path, ranks: int) -> tuple[list[Any], list[list[flo
     return marks, grads
 
 
-def local_of(variant: str, backend: str) -> str:
-    """The `local` run under the Horovod settings that ``variant`` runs with (see ``_train``)."""
-    return (
-        "local@vanilla"
-        if backend == "horovod" and variant in DEFAULT_SETTINGS_VARIANTS
-        else "local"
+def local_of(variant: str, backend: str, on_framework: frozenset[str] = frozenset()) -> str:
+    """The `local` run under the Horovod settings that ``variant`` runs with (see ``_train``;
+    ``on_framework``: the compiled modes whose schedule trains with Horovod's own path, under
+    its defaults as vanilla)."""
+    defaults = variant in DEFAULT_SETTINGS_VARIANTS or variant in on_framework
+    return "local@vanilla" if backend == "horovod" and defaults else "local"
+
+
+def on_framework_modes(schedule: Any, sync_schedule: Any) -> frozenset[str]:
+    """The compiled modes whose schedule is marked for the framework's own path."""
+    return frozenset(
+        k
+        for k, compiled in (
+            ("pace", schedule),
+            ("pace-serial", schedule),
+            ("pace-sync", sync_schedule),
+        )
+        if compiled is not None and compiled.framework is not None
     )
 
 

@@ -676,6 +676,18 @@ def test_the_compilers_framework_path_is_the_runs_vanilla(
     on_path = bench_netns.simulate_variants(trace, marked, sync, "horovod", as_run=run)
     assert on_path["pace"] == on_path["vanilla"]
     assert on_path["pace-sync"] == sims["pace-sync"]
+    # With the launch's compute, it is predicted from vanilla's `local` (Horovod's defaults,
+    # under which it trains), not the runtime's: the prediction is vanilla's.
+    local_ms = {"local": 300.0, "local@vanilla": 360.0}
+    in_job = bench_netns.simulate_in_job(
+        trace, marked, sync, "horovod", as_run=run, local_ms=local_ms
+    )
+    assert in_job["pace"] == in_job["vanilla"]
+    assert in_job["pace-sync"] != in_job["vanilla"]
+    kept = bench_netns.simulate_in_job(
+        trace, schedule, sync, "horovod", as_run=run, local_ms=local_ms
+    )
+    assert kept["pace"] != kept["vanilla"]
     assert bench_netns._program(marked) != bench_netns._program(schedule)
     # The run states the choice and its margin either way: kept units (the framework slower)
     # and the framework's path (it faster).
