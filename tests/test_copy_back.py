@@ -10,7 +10,6 @@ in place and copies nothing.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import pytest
@@ -18,12 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pace.analysis import analyze
-from pace.compiler import apply_what_if, compile_trace, framework_path_us, sync_trace
-from pace.errors import InputError
-from pace.io import load_trace, save_trace
+from pace.compiler import apply_what_if, framework_path_us, sync_trace
+from pace.io import load_trace
 from pace.ir import Slice, Trace, Unit
 from pace.replay import index_units, iteration_us, updated_us
-from pace.sim import schedule_policy, simulate
+from pace.sim import simulate
 from pace.sim.core import Policy, units_policy
 from tests.strategies import traces
 from tests.test_update_cost import POLICIES, forced_event_loop, tiny, with_update
@@ -111,27 +109,6 @@ def test_the_fast_path_and_the_event_loop_agree_on_the_copy(
     assert free.iteration_us - tol <= fast.iteration_us <= free.iteration_us + copied + tol
 
 
-@settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), per_byte=st.floats(1e-3, 0.5))
-def test_the_compiler_optimises_with_the_copy_and_predicts_its_replay(
-    seed: int, per_byte: float
-) -> None:
-    from pace.synth import random_trace
-
-    trace = with_copy(random_trace(seed=seed, n_layers=6), per_byte)
-    sched = compile_trace(trace).schedule
-    assert sched.cost_model.copy_us_per_byte == per_byte
-    assert sched.predicted_iteration_us == pytest.approx(
-        simulate(trace, schedule_policy(sched)).iteration_us, rel=1e-9
-    )
-    # What it ships is at least as good, with the copy charged, as the schedule compiled
-    # without it.
-    blind = compile_trace(with_copy(trace, 0.0)).schedule
-    assert sched.predicted_iteration_us <= simulate(trace, schedule_policy(blind)).iteration_us * (
-        1 + 1e-3
-    )
-
-
 def test_horovod_s_own_path_pays_no_copy_of_pace_s() -> None:
     from pace.ir import FrameworkPath
 
@@ -139,25 +116,3 @@ def test_horovod_s_own_path_pays_no_copy_of_pace_s() -> None:
     path = FrameworkPath(backend="horovod", alpha_us=0.0, beta_us_per_byte=1.0)
     plain = dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, framework=path))
     assert framework_path_us(with_copy(plain, 0.5)) == framework_path_us(plain)
-
-
-def test_the_field_round_trips_and_old_files_load(tmp_path: Path) -> None:
-    path = tmp_path / "t.json"
-    save_trace(with_copy(tiny(), 0.25), path)
-    assert json.loads(path.read_text())["comm"]["copy_us_per_byte"] == 0.25
-    assert load_trace(path).comm.copy_us_per_byte == 0.25
-    save_trace(tiny(), path)
-    assert "copy_us_per_byte" not in json.loads(path.read_text())["comm"]
-    assert load_trace(path).comm.copy_us_per_byte == 0.0
-
-
-@pytest.mark.parametrize("value", [-1.0, "fast", 1e9])
-def test_a_bad_copy_cost_names_its_field(tmp_path: Path, value: object) -> None:
-    path = tmp_path / "t.json"
-    save_trace(tiny(), path)
-    obj = json.loads(path.read_text())
-    obj["comm"]["copy_us_per_byte"] = value
-    path.write_text(json.dumps(obj))
-    with pytest.raises(InputError) as err:
-        load_trace(path)
-    assert err.value.field == "comm.copy_us_per_byte"

@@ -111,21 +111,28 @@ def test_no_update_cost_is_the_model_without_it(trace: Trace, policy: str) -> No
     assert loop == pytest.approx(fast, rel=1e-9, abs=1e-6)
 
 
+@pytest.mark.parametrize("field", ["update_us_per_byte", "copy_us_per_byte"])
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), per_byte=st.floats(1e-3, 1.0))
-def test_the_compiler_optimises_with_the_update_and_predicts_its_replay(
-    seed: int, per_byte: float
+def test_the_compiler_optimises_with_the_cost_and_predicts_its_replay(
+    field: str, seed: int, per_byte: float
 ) -> None:
+    """With the update (or the copy-back of fused units, tests/test_copy_back.py) charged, the
+    compiled schedule's prediction is its replay and beats the schedule compiled blind to it."""
     from pace.synth import random_trace
 
-    trace = with_update(random_trace(seed=seed, n_layers=6), per_byte)
+    def costing(t: Trace, value: float) -> Trace:
+        return dataclasses.replace(t, comm=dataclasses.replace(t.comm, **{field: value}))
+
+    trace = costing(random_trace(seed=seed, n_layers=6), per_byte)
     sched = compile_trace(trace).schedule
+    assert getattr(sched.cost_model, field) == per_byte
     assert sched.predicted_iteration_us == pytest.approx(
         simulate(trace, schedule_policy(sched)).iteration_us, rel=1e-9
     )
-    # What the compiler ships is at least as good, under the update, as its own schedule for
-    # the same job without it.
-    blind = compile_trace(with_update(trace, 0.0)).schedule
+    # What the compiler ships is at least as good, under the cost, as its own schedule for the
+    # same job without it.
+    blind = compile_trace(costing(trace, 0.0)).schedule
     assert sched.predicted_iteration_us <= simulate(trace, schedule_policy(blind)).iteration_us * (
         1 + 1e-3
     )
@@ -140,23 +147,33 @@ def test_the_sync_loop_has_no_update_in_its_window_and_a_speedup_scales_it() -> 
     assert apply_what_if(trace, bandwidth_gbps=10).comm.update_us_per_byte == 0.5
 
 
-def test_the_field_round_trips_and_old_files_load(tmp_path: Path) -> None:
+# The comm model's optional per-byte costs of the runtime's completion thread: the update, and
+# the copy-back of fused units (tests/test_copy_back.py).
+PER_BYTE_FIELDS = ("update_us_per_byte", "copy_us_per_byte")
+
+
+@pytest.mark.parametrize("field", PER_BYTE_FIELDS)
+def test_the_field_round_trips_and_old_files_load(tmp_path: Path, field: str) -> None:
     path = tmp_path / "t.json"
-    save_trace(with_update(tiny(), 0.25), path)
-    assert json.loads(path.read_text())["comm"]["update_us_per_byte"] == 0.25
-    assert load_trace(path).comm.update_us_per_byte == 0.25
+    given = tiny()
+    save_trace(
+        dataclasses.replace(given, comm=dataclasses.replace(given.comm, **{field: 0.25})), path
+    )
+    assert json.loads(path.read_text())["comm"][field] == 0.25
+    assert getattr(load_trace(path).comm, field) == 0.25
     save_trace(tiny(), path)
-    assert "update_us_per_byte" not in json.loads(path.read_text())["comm"]
-    assert load_trace(path).comm.update_us_per_byte == 0.0
+    assert field not in json.loads(path.read_text())["comm"]
+    assert getattr(load_trace(path).comm, field) == 0.0
 
 
+@pytest.mark.parametrize("field", PER_BYTE_FIELDS)
 @pytest.mark.parametrize("value", [-1.0, "fast", 1e9])
-def test_a_bad_update_cost_names_its_field(tmp_path: Path, value: object) -> None:
+def test_a_bad_update_cost_names_its_field(tmp_path: Path, value: object, field: str) -> None:
     path = tmp_path / "t.json"
     save_trace(tiny(), path)
     obj = json.loads(path.read_text())
-    obj["comm"]["update_us_per_byte"] = value
+    obj["comm"][field] = value
     path.write_text(json.dumps(obj))
     with pytest.raises(InputError) as err:
         load_trace(path)
-    assert err.value.field == "comm.update_us_per_byte"
+    assert err.value.field == f"comm.{field}"
