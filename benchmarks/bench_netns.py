@@ -2000,9 +2000,7 @@ def _say_hedge(mode: str, schedule: Any) -> None:
         for i, row in enumerate(info["replays_us"])
     )
     last = max(schedule.units, key=lambda u: u.priority)
-    copy_ms = (
-        schedule.cost_model.copy_us_per_byte * last.size_bytes / 1e3 if len(last.slices) > 1 else 0
-    )
+    copy_ms = schedule.cost_model.copy_us_per_byte * last.size_bytes / 1e3 if last.fused else 0.0
     _say(
         f"    {mode}: hedged over the calibrated and the probe's loss, shipped the one compiled "
         f"under the {names[info['chosen']]} ({len(schedule.units)} units, the last "

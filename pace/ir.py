@@ -247,6 +247,12 @@ class Unit:
         """Distinct tensor names in slice order."""
         return tuple(dict.fromkeys(s.tensor for s in self.slices))
 
+    @property
+    def fused(self) -> bool:
+        """Carries several slices: pace's runtime packs them into one buffer and copies the
+        result back (``CommModel.copy_us_per_byte``); a unit of one slice is reduced in place."""
+        return len(self.slices) > 1
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Schedule:

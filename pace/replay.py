@@ -56,7 +56,8 @@ class UnitArrays:
     # Unit indices by (priority, file order).
     priority_order: tuple[int, ...] = ()
     # Per unit: the runtime's copy of its reduced buffer back into the gradients
-    # (``comm.copy_us_per_byte``; 0 for a unit of one piece, reduced in place).
+    # (``comm.copy_us_per_byte``; 0 for a unit of one piece, reduced in place); empty where
+    # the comm model has no copy cost.
     copy_us: tuple[float, ...] = ()
 
 
@@ -98,7 +99,7 @@ def index_units(
         priority.append(float(unit.priority))
         cost.append(alpha + beta * size)
         sizes.append(size)
-        copy.append(copy_per_byte * size if len(unit.slices) > 1 else 0.0)
+        copy.append(copy_per_byte * size if unit.fused else 0.0)
         ready.append(max(release[k] for k in distinct))
     for k, owners in enumerate(units_of_tensor):
         if not owners:
@@ -118,7 +119,8 @@ def index_units(
         ready_us=ready,
         in_order=in_order,
         priority_order=porder,
-        copy_us=tuple(copy),
+        # Empty without a copy cost: the replays of such traces (most) skip the pass.
+        copy_us=tuple(copy) if copy_per_byte > 0 else (),
     )
 
 

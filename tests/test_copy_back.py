@@ -104,7 +104,7 @@ def test_the_fast_path_and_the_event_loop_agree_on_the_copy(
     assert fast.iteration_us == pytest.approx(loop.iteration_us, rel=1e-9, abs=1e-6)
     assert fast.op_start_us == pytest.approx(loop.op_start_us, rel=1e-9, abs=1e-6)
     free = simulate(with_update(trace, update), policy)
-    copied = sum(u.size_bytes for u in fast.units if len(u.slices) > 1) * per_byte
+    copied = sum(u.size_bytes for u in fast.units if u.fused) * per_byte
     tol = 1e-6 * max(1.0, free.iteration_us)
     assert free.iteration_us - tol <= fast.iteration_us <= free.iteration_us + copied + tol
 
