@@ -82,6 +82,20 @@ def test_a_call_issued_beside_compute_takes_longer(policy: str) -> None:
     assert res.iteration_us == pytest.approx(135.0)
 
 
+@pytest.mark.parametrize("policy", ["tictac", "horovod"])
+def test_a_calls_loss_is_spread_over_its_whole_time(policy: str) -> None:
+    """comm_us_per_call 100: w's call, issued at 10 us beside fw.a, holds the channel 200 us
+    (10..210); the 40 us of compute it costs (0.4 us per byte) are spread over those 200 us, not
+    over its 100 us of bytes: fw.a runs at 0.8 and ends at 10 + 50 / 0.8 = 72.5 us (the static
+    channel once charged 40 us per 100, ending fw.a at 93.3 us: 1 + extra / cost times the loss
+    the probe measured per call)."""
+    term = Interference(us_per_byte=0.4, comm_us_per_call=100.0)
+    res = simulate(with_term(overlap_trace(), term), policy, options=SimOptions(barrier=False))
+    assert res.unit_finish_us[-1] == pytest.approx(210.0)
+    assert res.op_finish_us[1] == pytest.approx(72.5)
+    assert res.iteration_us == pytest.approx(215.0)
+
+
 def test_loss_is_capped() -> None:
     term = Interference(us_per_call=1e9)
     assert term.compute_loss([(1, 10.0)]) == pytest.approx(0.95)

@@ -165,6 +165,9 @@ class StaticChannel(Channel):
         self.rate = 1.0
         # Extra work (us at full speed) of a call issued now: set by the driver (interference).
         self.call_extra_us = 0.0
+        # Per unit, its whole work at full rate once issued: its cost plus the extra it was
+        # issued with. A call's compute loss is spread over all of it (``compute_loss``).
+        self.work = [0.0] * n
         self.start = [_INF] * n
         self.finish = [_INF] * n
         self.finished_copy_us = 0.0
@@ -257,7 +260,8 @@ class StaticChannel(Channel):
             if not (self.queued and self.flight):  # else it starts when it reaches the head
                 self.start[u] = now
             self.flight.append(u)
-            self.remaining.append(self.cu.cost_us[u] + self.call_extra_us)
+            self.work[u] = self.cu.cost_us[u] + self.call_extra_us
+            self.remaining.append(self.work[u])
 
     def records(self) -> tuple[tuple[Unit, ...], list[float], list[float]]:
         return self.cu.units, self.start, self.finish
@@ -267,8 +271,9 @@ class StaticChannel(Channel):
 
     def compute_loss(self, now: float, interference: Interference) -> float:
         # Units sharing the channel move its bytes at the one channel's rate, each at 1/n of
-        # it and slowed by the rate: each takes n / rate times its cost.
-        cu = self.cu
+        # it and slowed by the rate: each takes n / rate times its work. The work includes the
+        # extra a call issued beside compute takes (``comm_us_per_call``): the loss the probe
+        # measured per call is spread over the call's whole time, as Horovod's channel does.
         if self.queued:
             on_wire = self.flight[:1]
             stretch = 1.0 / self.rate
@@ -276,7 +281,7 @@ class StaticChannel(Channel):
             on_wire = self.flight
             stretch = len(self.flight) / self.rate
         return interference.compute_loss(
-            (cu.size_bytes[u], cu.cost_us[u] * stretch) for u in on_wire
+            (self.cu.size_bytes[u], self.work[u] * stretch) for u in on_wire
         )
 
 
