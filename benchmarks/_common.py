@@ -109,3 +109,32 @@ def host_busy_ms() -> float:
         ticks = [int(x) for x in f.readline().split()[1:]]
     user, nice, system, _idle, _iowait, irq, softirq = ticks[:7]
     return (user + nice + system + irq + softirq) * _TICK_MS
+
+
+def thread_cpu_ms() -> dict[str, float]:
+    """CPU milliseconds this process has used so far, split by who used them: ``training`` (the
+    main thread: compute, autograd's hooks, the optimizer where it runs there), ``runtime``
+    (pace's own Python threads, named ``pace-*``: dispatch, copy-back, per-unit updates) and
+    ``backend`` (every other thread: the C++ threads of gloo or Horovod, which move the bytes
+    and sum them). Per-thread CPU clocks, so nanoseconds, not ticks; the kernel's interrupt
+    and softirq work (the network path) is in none of them but in the host's total."""
+    import threading
+    import time
+
+    total_ms = time.process_time() * 1e3
+    split = {"training": 0.0, "runtime": 0.0}
+    for t in threading.enumerate():
+        if t.ident is None:
+            continue
+        try:
+            used_ms = time.clock_gettime(time.pthread_getcpuclockid(t.ident)) * 1e3
+        except OSError:  # the thread ended between the listing and the read
+            continue
+        if t is threading.main_thread():
+            split["training"] += used_ms
+        elif t.name.startswith("pace-"):
+            split["runtime"] += used_ms
+    # Python threads that ended (a closed engine's) fall into `backend`; blocks read deltas
+    # while their variant's threads live, so those are constant offsets that cancel.
+    split["backend"] = max(0.0, total_ms - split["training"] - split["runtime"])
+    return split

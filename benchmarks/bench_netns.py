@@ -99,7 +99,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from benchmarks._common import compute_only_us, env_pairs, host_busy_ms, iqr  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    compute_only_us,
+    env_pairs,
+    host_busy_ms,
+    iqr,
+    thread_cpu_ms,
+)
 
 if TYPE_CHECKING:
     from pace.compiler import CompileResult
@@ -599,12 +605,14 @@ def worker_train(args: argparse.Namespace) -> None:
             log.timing = timed
         starts = []
         busy_ms = []  # at the first and the last timed start: all the block's CPU reading needs
+        used_ms = []  # this process's CPU by thread class at the same two starts
         timed_starts = (LEAD_IN, LEAD_IN + steps)
         for i in range(iterations_per_block(steps)):
             t0 = time.perf_counter()
             starts.append(t0)
             if timed and i in timed_starts:
                 busy_ms.append(host_busy_ms())
+                used_ms.append(thread_cpu_ms())
             opt.zero_grad()
             loss = functional.cross_entropy(model(x), y)
             t1 = time.perf_counter()
@@ -622,6 +630,7 @@ def worker_train(args: argparse.Namespace) -> None:
         counted = starts[LEAD_IN:]
         if timed:  # how busy the host's cores were over the measured periods (cpu_floor_ms)
             cpu[kind].append((busy_ms[-1] - busy_ms[0], (counted[-1] - counted[0]) * 1e3, steps))
+            threads[kind].append(({c: used_ms[-1][c] - used_ms[0][c] for c in used_ms[0]}, steps))
             lead_in[kind] += [b - a for a, b in itertools.pairwise(starts[: LEAD_IN + 1])]
         return [b - a for a, b in itertools.pairwise(counted)]
 
@@ -630,6 +639,8 @@ def worker_train(args: argparse.Namespace) -> None:
     lead_in: dict[str, list[float]] = {k: [] for k in kinds}
     # Per timed block: the host's busy core-ms, the block's wall ms, its periods.
     cpu: dict[str, list[tuple[float, float, int]]] = {k: [] for k in kinds}
+    # Per timed block: this rank's CPU ms by thread class (``thread_cpu_ms``), its periods.
+    threads: dict[str, list[tuple[dict[str, float], int]]] = {k: [] for k in kinds}
 
     for k in kinds:
         block(k, 2, timed=False)  # warm-up (DDP rebuilds its buckets after the first iteration)
@@ -643,6 +654,7 @@ def worker_train(args: argparse.Namespace) -> None:
     # Every rank's periods: where the ranks synchronise, an iteration waits for the slower
     # one (``slower_rank``).
     Path(f"{args.out}.rank{rank}").write_text(json.dumps(periods))
+    Path(f"{args.out}.threads.rank{rank}").write_text(json.dumps(threads))
     for kind, log in unit_logs.items():  # what each unit held the channel for (merged_units)
         if kind in RUNTIME_VARIANTS:  # `local`: no units, only marks and gradients
             Path(f"{args.out}.{kind}.units.rank{rank}").write_text(json.dumps(log.done))
@@ -1260,8 +1272,17 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     cpu = read_cpu(tmp / f"train-{backend}.json.cpu", cores)
                     median_ms = {k: statistics.median(p) * 1e3 for k, p in measured.items()}
                     floor_ms = cpu_floor_ms({k: busy for k, (_, busy) in cpu.items()}, median_ms)
+                    by_thread = read_threads(
+                        tmp / f"train-{backend}.json", {k: c for k, (c, _) in cpu.items()}
+                    )
                     for kind, (core_ms, busy) in cpu.items():
-                        _say(f"    {kind}: {core_ms:.0f} core-ms per iteration, {busy:.1%} busy")
+                        split = ", ".join(
+                            f"{c} {v:.0f}" for c, v in by_thread.get(kind, {}).items()
+                        )
+                        _say(
+                            f"    {kind}: {core_ms:.0f} core-ms per iteration, {busy:.1%} busy"
+                            + (f" ({split})" if split else "")
+                        )
                     _say(lead_in_report(tmp / f"train-{backend}.json.lead_in", median_ms))
                     iterations = args.blocks * iterations_per_block(args.steps)
                     repeat = (
@@ -1406,6 +1427,39 @@ def read_cpu(path: Path, cores: int) -> dict[str, tuple[float, float]]:
         iterations = sum(n for _, _, n in blocks)
         if iterations and wall_ms > 0:
             out[kind] = (busy_ms / iterations, busy_ms / (cores * wall_ms))
+    return out
+
+
+THREAD_CLASSES = ("training", "runtime", "backend")
+
+
+def read_threads(
+    path: Path, host_core_ms: dict[str, float], ranks: int = RANKS
+) -> dict[str, dict[str, float]]:
+    """Per variant of a training launch: core-ms per iteration by thread class
+    (``thread_cpu_ms``), summed over the ranks, and ``kernel``: the host's busy core-ms per
+    iteration (``read_cpu``) less what the ranks' threads used (the kernel's interrupt and
+    softirq work, the network path's, and anything else on the host). Where a communicating
+    variant spends the cores beside `local`: which part of the program to make cheaper."""
+    totals: dict[str, dict[str, float]] = {}
+    counts: dict[str, int] = {}
+    for r in range(ranks):
+        blocks_of = json.loads(Path(f"{path}.threads.rank{r}").read_text())
+        for kind, blocks in blocks_of.items():
+            into = totals.setdefault(kind, dict.fromkeys(THREAD_CLASSES, 0.0))
+            for used, steps in blocks:
+                for c in THREAD_CLASSES:
+                    into[c] += used.get(c, 0.0)
+                if r == 0:
+                    counts[kind] = counts.get(kind, 0) + steps
+    out = {}
+    for kind, into in totals.items():
+        n = counts.get(kind, 0)
+        if n:
+            per = {c: v / n for c, v in into.items()}
+            if kind in host_core_ms:
+                per["kernel"] = host_core_ms[kind] - sum(per.values())
+            out[kind] = per
     return out
 
 

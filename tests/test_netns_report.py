@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from benchmarks._common import thread_cpu_ms
 from benchmarks.bench_netns import (
     Row,
     _print_goal,
@@ -18,6 +19,7 @@ from benchmarks.bench_netns import (
     goal_verdict,
     ranking_agreement,
     read_cpu,
+    read_threads,
 )
 
 
@@ -71,6 +73,56 @@ def test_the_cpu_file_gives_core_ms_per_iteration_and_the_busy_fraction(tmp_path
     path = tmp_path / "train.json.cpu"
     path.write_text(json.dumps({"pace": [[900.0, 1000.0, 4], [1100.0, 1000.0, 4]]}))
     assert read_cpu(path, cores=2) == {"pace": (250.0, 0.5)}
+
+
+def test_the_threads_files_split_each_iteration_over_both_ranks(tmp_path: Path) -> None:
+    # Rank 0: two blocks of 4 and 4 periods; rank 1: the same blocks. Per iteration, summed
+    # over the ranks: training (400 + 480) / 8 + (440 + 440) / 8 = 220, runtime (40 + 40 + 24 +
+    # 24) / 8 = 16, backend (80 + 80 + 72 + 88) / 8 = 40; the host's 300 core-ms less these
+    # leaves 24 for the kernel. A variant the host reading lacks gets no kernel share.
+    def block(training: float, runtime: float, backend: float) -> list[object]:
+        return [{"training": training, "runtime": runtime, "backend": backend}, 4]
+
+    files = {
+        0: {"pace": [block(400, 40, 80), block(480, 40, 80)], "local": [block(300, 0, 8)]},
+        1: {"pace": [block(440, 24, 72), block(440, 24, 88)], "local": [block(340, 0, 8)]},
+    }
+    for r, blocks in files.items():
+        (tmp_path / f"train.json.threads.rank{r}").write_text(json.dumps(blocks))
+    got = read_threads(tmp_path / "train.json", {"pace": 300.0})
+    assert got["pace"] == pytest.approx(
+        {"training": 220.0, "runtime": 16.0, "backend": 40.0, "kernel": 24.0}
+    )
+    assert got["local"] == pytest.approx({"training": 160.0, "runtime": 0.0, "backend": 4.0})
+
+
+def test_thread_cpu_is_split_by_who_ran() -> None:
+    """A busy thread named pace-* counts as the runtime's, the main thread's work as training,
+    and a thread of any other name as the backend's (there: gloo's or Horovod's C++ threads)."""
+    import threading
+    import time
+
+    def spin(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    before = thread_cpu_ms()
+    for name in ("pace-test", "other"):
+        t = threading.Thread(target=spin, args=(0.2,), name=name)
+        t.start()
+        # Read while it lives: an ended thread's CPU falls into `backend` (the docstring).
+        time.sleep(0.1)
+        during = thread_cpu_ms()
+        t.join()
+        if name == "pace-test":
+            assert during["runtime"] - before["runtime"] > 30.0
+    spin(0.1)
+    after = thread_cpu_ms()
+    assert after["training"] - before["training"] > 50.0
+    # Both spinning threads have ended: 0.3 s of theirs, at least most of it, is `backend`.
+    assert after["backend"] - before["backend"] > 150.0
+    assert sum(after.values()) >= sum(before.values())
 
 
 # (fraction of the cores busy, median period ms) per variant
