@@ -66,6 +66,10 @@ so a period's miss splits into the channel's and these three. With every rank's 
 the head splits further, on the rank that issued the first unit last: its backward up to the
 unit's last gradient, the runtime's dispatch (and packing), and the ranks' skew.
 
+Each variant's host CPU per iteration is printed split by thread (``read_threads``): the
+training thread, pace's own threads, the backend's (gloo's or Horovod's C++ threads) and the
+kernel's remainder, summed over the ranks.
+
 The last table judges each rate and backend by the goal this benchmark answers: ``pace`` never
 slower than vanilla beyond the spread (``against_vanilla``: the medians' 95% CIs apart), and
 1.15x over vanilla wherever vanilla's communication is exposed (its period over its ``local``'s)
