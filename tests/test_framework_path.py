@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pace.cli import main
-from pace.compiler import compile_trace, framework_path_us
+from pace.compiler import FRAMEWORK_MARGIN, compile_trace, framework_path_us
 from pace.errors import InputError
 from pace.io import (
     load_schedule,
@@ -119,12 +120,16 @@ def test_the_paths_own_interference_term_is_charged() -> None:
 
 
 @settings(max_examples=20, deadline=None)
-@given(traces(max_layers=8), st.sampled_from([0.05, 0.3, 1.0, 4.0]))
-def test_the_schedule_ships_the_faster_of_its_units_and_the_framework(
-    trace: Trace, scale: float
+@given(
+    traces(max_layers=8),
+    st.sampled_from([0.05, 0.3, 1.0, 4.0]),
+    st.sampled_from([None, 0.0, 0.02, 0.3]),
+)
+def test_the_units_ship_only_where_they_beat_the_framework_by_the_margin(
+    trace: Trace, scale: float, margin: float | None
 ) -> None:
     given_trace = _with_path(trace, scale)
-    res = compile_trace(given_trace, baselines=False)
+    res = compile_trace(given_trace, baselines=False, framework_margin=margin)
     plain = compile_trace(given_trace, baselines=False, framework=False)
     # The units and their prediction are the same either way; only the choice differs.
     assert res.schedule.units == plain.schedule.units
@@ -134,14 +139,46 @@ def test_the_schedule_ships_the_faster_of_its_units_and_the_framework(
     assert plain.framework_us == fw_us
     assert res.framework_us == fw_us
     assert fw_us is not None
-    if fw_us < res.predicted_iteration_us:
+    used = FRAMEWORK_MARGIN if margin is None else margin
+    if res.predicted_iteration_us * (1 + used) > fw_us:
         assert res.schedule.framework == "horovod"
         info = res.schedule.meta["framework"]
-        assert info == {"predicted_iteration_us": fw_us, "replay_us": res.predicted_iteration_us}
+        assert info == {
+            "predicted_iteration_us": fw_us,
+            "replay_us": res.predicted_iteration_us,
+            "margin": used,
+        }
         assert any("framework's own path" in w for w in res.warnings)
     else:
         assert res.schedule.framework is None
         assert "framework" not in res.schedule.meta
+
+
+def test_a_gain_inside_the_margin_keeps_the_framework() -> None:
+    """Units predicted 3% faster than the path: shipped with no margin, not with the default
+    5% (the model's accuracy), shipped again with a margin of 2%."""
+    trace = random_trace(seed=2, n_layers=6, alpha_us=300.0)
+    units_us = compile_trace(trace, baselines=False).predicted_iteration_us
+    # Find the path's cost scale at which it replays 3% slower than the units.
+    lo, hi = 0.01, 20.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        fw_us = framework_path_us(_with_path(trace, mid))
+        assert fw_us is not None
+        lo, hi = (mid, hi) if fw_us < units_us * 1.03 else (lo, mid)
+    with_path = _with_path(trace, hi)
+    fw_us = framework_path_us(with_path)
+    assert fw_us == pytest.approx(units_us * 1.03, rel=1e-3)
+    assert compile_trace(with_path, baselines=False).schedule.framework == "horovod"
+    for margin, chosen in ((0.0, None), (0.02, None), (0.05, "horovod")):
+        res = compile_trace(with_path, baselines=False, framework_margin=margin)
+        assert res.schedule.framework == chosen
+
+
+@pytest.mark.parametrize("margin", [-0.01, math.inf, math.nan])
+def test_a_bad_margin_names_its_field(margin: float) -> None:
+    with pytest.raises(InputError, match="framework_margin"):
+        compile_trace(random_trace(seed=2, n_layers=4), baselines=False, framework_margin=margin)
 
 
 def test_sync_mode_weighs_the_path_on_the_sync_loop() -> None:
@@ -195,6 +232,8 @@ def test_pace_compile_reports_the_choice_and_no_framework_turns_it_off(
     assert load_schedule(out).framework == "horovod"
     # The marked schedule is still a valid file of its units: validate replays them.
     assert main(["validate", str(out), "--trace", str(trace_path)]) == 0
+    assert main(["compile", str(trace_path), "-o", str(out), "--framework-margin", "-1"]) == 2
+    assert "--framework-margin" in capsys.readouterr().err
     assert main(["compile", str(trace_path), "-o", str(out), "--no-framework"]) == 0
     text = capsys.readouterr().out
     assert "framework's own path" in text

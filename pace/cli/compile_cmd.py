@@ -88,6 +88,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "vanilla Horovod) replays faster; by default the schedule then tells the runtime to "
         "train with that path (docs/scheduling.md, 'The framework's own path')",
     )
+    p.add_argument(
+        "--framework-margin",
+        **float_in(0.0, 1.0),
+        metavar="F",
+        default=None,
+        help="ship the units only where they replay at least this fraction faster than the "
+        "framework's own path; else train with the path (default 0.05: the model's accuracy)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -121,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         robust_tolerance=args.robust_tolerance,
         hedge=[load_trace(path) for path in args.hedge],
         framework=not args.no_framework,
+        framework_margin=args.framework_margin,
     )
     save_schedule(result.schedule, args.output)
     for w in result.warnings:
