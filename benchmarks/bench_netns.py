@@ -1895,9 +1895,10 @@ def _say_framework(mode: str, result: CompileResult) -> None:
             f"path's {path_ms:.1f} ms"
         )
     else:
+        margin = result.schedule.meta["framework"]["margin"]
         _say(
             f"    {mode}: the compiler chose Horovod's own path: predicted {path_ms:.1f} ms "
-            f"against the units' {units_ms:.1f} ms"
+            f"against the units' {units_ms:.1f} ms (units must be {margin:.0%} faster)"
         )
 
 

@@ -708,6 +708,7 @@ def test_the_compilers_framework_path_is_the_runs_vanilla(
         assert len(lines) == 1
         assert ("chose Horovod's own path" in lines[0]) is chosen
         assert f"{result.framework_us / 1e3:.1f} ms" in lines[0]
+        assert ("units must be 5% faster" in lines[0]) is chosen
 
 
 def test_a_launch_starts_without_the_last_rate_s_logs(tmp_path: Path) -> None:
