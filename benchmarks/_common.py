@@ -111,6 +111,10 @@ def host_busy_ms() -> float:
     return (user + nice + system + irq + softirq) * _TICK_MS
 
 
+THREAD_CLASSES = ("training", "runtime", "backend")
+"""Who used a process's CPU, as ``thread_cpu_ms`` splits it."""
+
+
 def thread_cpu_ms() -> dict[str, float]:
     """CPU milliseconds this process has used so far, split by who used them: ``training`` (the
     main thread: compute, autograd's hooks, the optimizer where it runs there), ``runtime``
@@ -122,7 +126,7 @@ def thread_cpu_ms() -> dict[str, float]:
     import time
 
     total_ms = time.process_time() * 1e3
-    split = {"training": 0.0, "runtime": 0.0}
+    split = dict.fromkeys(THREAD_CLASSES, 0.0)
     for t in threading.enumerate():
         if t.ident is None:
             continue
@@ -136,5 +140,5 @@ def thread_cpu_ms() -> dict[str, float]:
             split["runtime"] += used_ms
     # Python threads that ended (a closed engine's) fall into `backend`; blocks read deltas
     # while their variant's threads live, so those are constant offsets that cancel.
-    split["backend"] = max(0.0, total_ms - split["training"] - split["runtime"])
+    split["backend"] = max(0.0, total_ms - sum(split.values()))
     return split

@@ -104,6 +104,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from benchmarks._common import (  # noqa: E402
+    THREAD_CLASSES,
     compute_only_us,
     env_pairs,
     host_busy_ms,
@@ -1432,9 +1433,6 @@ def read_cpu(path: Path, cores: int) -> dict[str, tuple[float, float]]:
         if iterations and wall_ms > 0:
             out[kind] = (busy_ms / iterations, busy_ms / (cores * wall_ms))
     return out
-
-
-THREAD_CLASSES = ("training", "runtime", "backend")
 
 
 def read_threads(

@@ -113,7 +113,7 @@ def _weigh_framework(
     warnings: list[str],
     *,
     choose: bool,
-    margin: float = FRAMEWORK_MARGIN,
+    margin: float,
 ) -> tuple[Schedule, float | None]:
     """``sched`` marked to train with the framework's own path where ``choose`` and its units
     do not replay at least ``margin`` faster than that path (``framework_path_us``); the
