@@ -170,6 +170,8 @@ def iterations_per_block(steps: int) -> int:
 
 
 LAUNCH_TIMEOUT_S = 1800.0
+# A Horovod launch whose ranks fail is run this many times in all (``launch``).
+HOROVOD_ATTEMPTS = 2
 NETNS_ETC = Path("/etc/netns")  # per-namespace /etc overrides of `ip netns exec`
 
 
@@ -294,7 +296,11 @@ def launch(
         cmd = ["ip", "netns", "exec", link.ns[0], sys.executable, __file__, "--role", "hvd-driver"]
         cmd += ["--link", json.dumps([link.ns, link.dev, link.ip]), "--driver-script", script]
         cmd += ["--", *argv]
-        _wait_all([subprocess.Popen(cmd, env=env)])
+        # Horovod 0.28 re-initialising in one process (the training launches' switch of
+        # settings) has died in gloo's connect (Connection refused, then SIGABRT on both ranks,
+        # 2026-11-26); nothing of such a launch is kept (the ranks write their files at the
+        # end), so it runs again from the start.
+        run_attempts(lambda: [subprocess.Popen(cmd, env=env)], HOROVOD_ATTEMPTS)
         return
     procs = []
     for r in (0, 1):
@@ -307,6 +313,19 @@ def launch(
         }
         procs.append(subprocess.Popen(_rank_cmd(link, r, argv, script), env=renv))
     _wait_all(procs)
+
+
+def run_attempts(start: Callable[[], list[subprocess.Popen[bytes]]], attempts: int) -> None:
+    """Start the processes and wait for them (``_wait_all``), up to ``attempts`` times in all
+    while they fail (``LaunchFailedError``; a time-out is not run again), saying each failure."""
+    for attempt in range(1, attempts + 1):
+        try:
+            _wait_all(start())
+            return
+        except LaunchFailedError as crash:
+            if attempt == attempts:
+                raise
+            _say(f"  the launch failed ({crash}); running it again ({attempt + 1} of {attempts})")
 
 
 def _wait_all(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -331,7 +350,12 @@ def _wait_all(procs: list[subprocess.Popen[bytes]]) -> None:
     if any(c != 0 for c in codes):
         signals = sorted({signal.Signals(-c).name for c in codes if c is not None and c < 0})
         killed = f", killed by {', '.join(signals)}" if signals else ""
-        raise RuntimeError(f"a rank failed (exit codes {codes}{killed}); see its output above")
+        raise LaunchFailedError(f"a rank failed (exit codes {codes}{killed}); see its output above")
+
+
+class LaunchFailedError(RuntimeError):
+    """A launch's process exited non-zero or by a signal (not a time-out: a hang is not run
+    again)."""
 
 
 def hvd_driver(link_json: str, argv: Sequence[str], script: str = __file__) -> None:
@@ -647,11 +671,15 @@ def worker_train(args: argparse.Namespace) -> None:
     # Per timed block: this rank's CPU ms by thread class (``thread_cpu_ms``), its periods.
     threads: dict[str, list[tuple[dict[str, float], int]]] = {k: [] for k in kinds}
 
-    for k in kinds:
+    # With Horovod, the variants under its defaults first, then the rest (``by_settings``): the
+    # blocks alternate direction, so the ranks re-initialise Horovod once per pass, not at
+    # every switch of the variants' own order.
+    order = by_settings(kinds, on_framework) if args.backend == "horovod" else kinds
+    for k in order:
         block(k, 2, timed=False)  # warm-up (DDP rebuilds its buckets after the first iteration)
     periods: dict[str, list[float]] = {k: [] for k in kinds}
     for b in range(args.blocks):
-        for k in kinds if b % 2 == 0 else kinds[::-1]:
+        for k in order if b % 2 == 0 else order[::-1]:
             periods[k] += block(k, args.steps)
     for _, opt in runs.values():
         if hasattr(opt, "close"):
@@ -687,6 +715,16 @@ def _horovod_settings(
     if kind in DEFAULT_SETTINGS_VARIANTS or kind in on_framework:
         return dict.fromkeys(pace_env)
     return dict(pace_env)
+
+
+def by_settings(kinds: Sequence[str], on_framework: frozenset[str] = frozenset()) -> list[str]:
+    """``kinds`` with those under Horovod's defaults first (``_horovod_settings``), each
+    group in its given order. A re-initialisation costs a few seconds and is where Horovod 0.28
+    has crashed (``_reinit_horovod``); grouped, a launch alternating its blocks' direction
+    switches once per pass, where `vanilla, local@vanilla, vanilla-nofusion, online, pace, ...`
+    with `pace` on Horovod's path switched three times."""
+    defaults = [k for k in kinds if k in DEFAULT_SETTINGS_VARIANTS or k in on_framework]
+    return defaults + [k for k in kinds if k not in defaults]
 
 
 def _reinit_horovod(settings: dict[str, str | None]) -> None:
