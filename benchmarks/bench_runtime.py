@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -107,13 +108,12 @@ def worker(args: argparse.Namespace) -> None:
     from horovod.torch import mpi_ops
     from horovod.torch import optimizer as hvd_optimizer
 
+    from pace.runtime.backends import wait_polling
+
     spin_sync = hvd_optimizer.synchronize
 
     def polite_sync(handle: Any) -> Any:
-        pause = 20e-6
-        while not mpi_ops.poll(handle):
-            time.sleep(pause)
-            pause = min(1e-3, pause * 2)
+        wait_polling(lambda: bool(mpi_ops.poll(handle)), math.inf)
         return spin_sync(handle)
 
     runs = {k: make(k) for k in kinds}

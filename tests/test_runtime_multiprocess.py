@@ -154,6 +154,30 @@ def test_horovod_framework_schedule_trains_with_distributed_optimizer(
         assert "monitor= gets no events" in warnings[2]
 
 
+@pytest.mark.horovod
+def test_a_stalled_rank_on_horovods_own_path_is_an_error_naming_the_rank(
+    tmp_path: Path,
+) -> None:
+    """On Horovod's own path (a schedule marked ``framework``) rank 1 stops issuing for 20 s
+    at step 5: Horovod's own wait would spin until it comes back; the runtime's waits
+    ``timeout_s`` (2 s), then rank 0 raises naming itself and a gradient."""
+    pytest.importorskip("horovod.torch", reason="build it with scripts/install_horovod.sh")
+    horovodrun = shutil.which("horovodrun", path=str(BIN)) or "horovodrun"
+    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(WORKER)]
+    cmd += ["--backend", "horovod", "--schedule", str(_schedule(tmp_path))]
+    cmd += ["--configs", "sgd:framework", "--steps", "10", "--timeout-s", "2"]
+    cmd += ["--stall-rank", "1", "--stall-at", "5", "--stall-s", "20"]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=180, env=worker_env(), check=False
+    )
+    res = _results(proc.stdout).get(("sgd:framework", 0))
+    assert res is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert res["error"].startswith("RuntimeReplayError: rank 0: Horovod's all-reduce of "), res
+    assert "did not complete within 2 s" in res["error"]
+    # Rank 0 gave up after its time-out, not after the stall.
+    assert res["seconds"] < 15
+
+
 @pytest.mark.parametrize("config", ["sgd", "adam"])
 def test_torch_schedule_replay_is_bitwise_ddp(
     torch_results: dict[tuple[str, int], Any], config: str

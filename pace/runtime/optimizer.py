@@ -42,9 +42,11 @@ from pace.ir import Schedule, Trace
 from pace.runtime.backends import (
     HOROVOD_ENV,
     Backend,
+    CollectiveTimeoutError,
     horovod_broadcast_from_rank0,
     import_horovod,
     make_backend,
+    wait_polling,
 )
 from pace.runtime.engine import Engine, RuntimeMonitor, zero_param_grad
 from pace.runtime.failures import Reporter, horovod_board, torch_board
@@ -415,9 +417,12 @@ def wrap(
     reduce a gradient twice; ``no_sync()`` accumulates locally; ``close()`` does nothing; the
     returned object is Horovod's optimizer (its own class and state), not a ``PaceOptimizer``.
     Refused: another ``backend`` (``ScheduleMismatchError``, field ``framework``) and ``drift``
-    (``InputError``). ``monitor`` gets no events (a warning); the replay's knobs do nothing.
-    One ``RuntimeWarning`` says the path is taken, with the two predictions when the schedule
-    has them (``meta.framework``). The fallback on Horovod takes the same path.
+    (``InputError``). ``monitor`` gets no events (a warning); of the replay's knobs only
+    ``timeout_s`` applies: the wait for Horovod's reductions sleeps between polls where
+    Horovod's own spins a core, and a wait longer than ``timeout_s`` raises
+    ``RuntimeReplayError`` naming the rank and the gradient. One ``RuntimeWarning`` says the
+    path is taken, with the two predictions when the schedule has them (``meta.framework``).
+    The fallback on Horovod takes the same path.
 
     Must be called on every rank with the same arguments (the torch backend creates a process
     group here).
@@ -504,6 +509,7 @@ def wrap(
                 sync=options.sync,
                 broadcast_buffers=sync_buffers,
                 monitor=monitor,
+                timeout_s=options.timeout_s,
                 framework=own_path == "framework",
             )
 
@@ -800,6 +806,23 @@ def _pending(opt: Any) -> bool:
     return any(handle is not None for handle, _ in opt._handles.values())
 
 
+def _wait_in_flight(hvd: Any, opt: Any, timeout_s: float, name: Callable[[Any], str]) -> None:
+    """Until every reduction Horovod's optimizer has in flight is done, polling with sleeps
+    (``wait_polling``), all within ``timeout_s``; the handles stay Horovod's to install."""
+    deadline = time.monotonic() + timeout_s
+    for key, (handle, _) in list(opt._handles.items()):
+        if handle is None:
+            continue
+        try:
+            wait_polling(lambda h=handle: bool(hvd.poll(h)), deadline)
+        except CollectiveTimeoutError as exc:
+            raise RuntimeReplayError(
+                f"rank {hvd.rank()}: Horovod's all-reduce of {name(key)} did not complete "
+                f"within {timeout_s:g} s ({exc}); another rank is stuck, dead or training "
+                "another model"
+            ) from exc
+
+
 def _horovod_path(
     optimizer: torch.optim.Optimizer,
     model: torch.nn.Module,
@@ -808,6 +831,7 @@ def _horovod_path(
     sync: bool,
     broadcast_buffers: bool,
     monitor: RuntimeMonitor | None,
+    timeout_s: float,
     framework: bool = False,
 ) -> torch.optim.Optimizer:
     """Horovod's own data-parallel path: ``hvd.DistributedOptimizer`` (the fallback for a
@@ -826,7 +850,11 @@ def _horovod_path(
       ``synchronize()`` with nothing in flight reduces every gradient again, and its
       ``step()`` after one warns and does so);
     - ``no_sync()``: backward passes inside accumulate locally; ``step()`` inside is refused;
-    - ``broadcast_buffers=True``: rank 0's buffers copied as DDP's; ``close()`` does nothing.
+    - ``broadcast_buffers=True``: rank 0's buffers copied as DDP's; ``close()`` does nothing;
+    - the wait for the reductions in flight sleeps between polls (``wait_polling``) where
+      Horovod's spins, then Horovod's ``synchronize()`` installs the results (the same calls,
+      the same bits); one longer than ``timeout_s`` raises ``RuntimeReplayError`` naming the
+      rank and the gradient, where Horovod's would wait for ever.
     """
     hvd = import_horovod()
     if not hvd.is_initialized():
@@ -890,10 +918,13 @@ def _horovod_path(
         finally:
             self._should_synchronize = True
 
+    name_of = {id(p): n for n, p in named}
+
     def synchronize(self: Any) -> None:
         """Wait for the reductions in flight and install their results (Horovod's); nothing
         to do when none is in flight (Horovod's would reduce every gradient again)."""
         if _pending(self):
+            _wait_in_flight(hvd, self, timeout_s, lambda key: name_of.get(id(key), "a group"))
             cls.synchronize(self)
 
     @contextlib.contextmanager

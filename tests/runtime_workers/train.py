@@ -133,12 +133,16 @@ def train(
     rank: int,
     *,
     die_at: int = -1,
+    stall_at: int = -1,
+    stall_s: float = 0.0,
     after_step: Any = None,
 ) -> None:
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
     for step in range(steps):
         if step == die_at:
             os._exit(17)  # simulate a crashed rank: no cleanup, sockets just close
+        if step == stall_at:
+            time.sleep(stall_s)  # a rank stuck (a slow data loader): the others wait on it
         x, y = batch(rank, step)
         opt.zero_grad()
         loss = functional.cross_entropy(model(x), y)
@@ -190,6 +194,8 @@ def run_pace(
     schedule_path: str,
     die_at: int,
     timeout_s: float,
+    stall_at: int = -1,
+    stall_s: float = 0.0,
 ) -> dict[str, Any]:
     import pace.runtime
 
@@ -258,7 +264,16 @@ def run_pace(
 
     t0 = time.perf_counter()
     try:
-        train(model, opt, steps, rank, die_at=die_at, after_step=after_step)
+        train(
+            model,
+            opt,
+            steps,
+            rank,
+            die_at=die_at,
+            stall_at=stall_at,
+            stall_s=stall_s,
+            after_step=after_step,
+        )
         opt.synchronize()  # type: ignore[attr-defined]
     except Exception as exc:  # reported to the test, which asserts on it
         result["error"] = f"{type(exc).__name__}: {exc}"
@@ -280,6 +295,9 @@ def main() -> int:
     ap.add_argument("--die-rank", type=int, default=-1)
     ap.add_argument("--die-at", type=int, default=-1)
     ap.add_argument("--timeout-s", type=float, default=60.0)
+    ap.add_argument("--stall-rank", type=int, default=-1)
+    ap.add_argument("--stall-at", type=int, default=-1)
+    ap.add_argument("--stall-s", type=float, default=0.0)
     args = ap.parse_args()
     torch.set_num_threads(1)
     rank, _ = init_backend(args.backend)
@@ -287,7 +305,8 @@ def main() -> int:
     for config in args.configs.split(","):
         kind = config.partition(":")[0]
         die_at = args.die_at if rank == args.die_rank else -1
-        if kind not in refs and args.die_at < 0:
+        stall_at = args.stall_at if rank == args.stall_rank else -1
+        if kind not in refs and args.die_at < 0 and args.stall_at < 0:
             refs[kind] = vanilla(args.backend, kind, args.steps, rank)
         res = run_pace(
             args.backend,
@@ -297,6 +316,8 @@ def main() -> int:
             schedule_path=args.schedule,
             die_at=die_at,
             timeout_s=args.timeout_s,
+            stall_at=stall_at,
+            stall_s=args.stall_s,
         )
         params = res.pop("params")
         if kind in refs:
