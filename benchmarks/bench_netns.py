@@ -39,7 +39,10 @@ Per rate, per backend:
    one's reductions. Horovod's vanilla run uses Horovod's defaults (tensor fusion,
    response cache); every other variant runs with fusion and cache off, as the pace runtime
    requires. Both are in the same launch: the ranks re-initialise Horovod (``hvd.shutdown()``,
-   then ``hvd.init()`` under the other settings) where the blocks switch between the two.
+   then ``hvd.init()`` under the other settings) where the blocks switch between the two; the
+   variants under Horovod's defaults run first in each pass (``by_settings``), so a launch
+   switches once per pass. A Horovod launch whose ranks die is run once more
+   (``run_attempts``; Horovod 0.28 has died re-initialising).
 
 Variants: ``vanilla`` (``hvd.DistributedOptimizer`` with Horovod's defaults; for torch: DDP),
 ``vanilla-nofusion`` (Horovod only: the same, fusion and cache off), ``online`` (the runtime's
@@ -49,6 +52,10 @@ replaying the compiled schedule), ``pace-sync`` (the runtime's synchronous mode,
 with every gradient reduced, as DDP's, the mode gradient clipping and ``GradScaler`` need),
 ``local`` (no communication: what compute alone costs while the other rank also runs; per
 iteration the slower rank's period, which a job that communicates waits for: ``slower_rank``).
+With ``--compare-path`` (Horovod), ``pace@path``: pace's schedule marked for Horovod's own path,
+what ``pace.runtime.wrap`` trains where the compiler predicts that path faster than the units
+(``hvd.DistributedOptimizer`` under Horovod's defaults, its reductions waited for by the
+runtime's polling wait instead of Horovod's spinning one); not predicted apart from vanilla.
 
 Beside each prediction: ``calibrated`` (the same replay from the timed launch's own ``local``)
 and ``repeat`` (the calibration launch's own measurement of the same program: how far a
@@ -139,8 +146,12 @@ REINIT_WARNING = (
     "(SIGSEGV) re-initialising under it, which the training launches do; if a launch fails "
     "with signal SIGSEGV, measure the setting with benchmarks/bench_sync_forward.py instead"
 )
+# `pace@path` (--compare-path): pace's schedule marked for Horovod's own path, so pace.runtime.wrap
+# trains it as the compiler's framework choice does (hvd.DistributedOptimizer, the runtime's
+# wait), beside vanilla's own loop.
+PATH_VARIANT = "pace@path"
 # The Horovod variants that run under Horovod's own defaults (fusion, cache), not the runtime's.
-DEFAULT_SETTINGS_VARIANTS = frozenset({"vanilla", "local@vanilla"})
+DEFAULT_SETTINGS_VARIANTS = frozenset({"vanilla", "local@vanilla", PATH_VARIANT})
 # The variants that pace.runtime drives (the rest: vanilla DDP or Horovod, and `local`s).
 # `pace@cal` and `pace-sync@cal`: the calibration launch's schedules, trained again in the
 # timed launch where the compiler then compiled to other units (``again_schedules``).
@@ -559,6 +570,7 @@ def worker_train(args: argparse.Namespace) -> None:
         "pace-serial": args.schedule,
         "pace-sync": args.sync_schedule,
         f"pace{AGAIN}": args.again_schedule,
+        PATH_VARIANT: args.path_schedule,
         f"pace-sync{AGAIN}": args.again_sync_schedule,
     }
     # The compiled modes whose schedule the compiler marked for Horovod's own path (its
@@ -1402,6 +1414,14 @@ def _train(
         common += ["--horovod-env", args.horovod_env]
     runtime = ["online", "pace", *(["pace-serial"] if args.compare_serial else []), "pace-sync"]
     runtime += list(again)
+    if args.compare_path and backend == "horovod":
+        from pace.io import load_schedule, save_schedule
+
+        path_schedule = schedule.with_suffix("").with_suffix(".path.schedule.json")
+        marked = dataclasses.replace(load_schedule(schedule), framework="horovod")
+        save_schedule(marked, path_schedule)
+        common += ["--path-schedule", str(path_schedule)]
+        runtime.append(PATH_VARIANT)
     # One launch trains every variant, blocks alternating, so the ratios are taken under the
     # same load of the shared machine. `local` (no communication) is the launch's compute and
     # calibrates the `calibrated` predictions. With Horovod, vanilla and its `local@vanilla`
@@ -2510,6 +2530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sync-schedule", help=argparse.SUPPRESS)
     ap.add_argument("--again-schedule", help=argparse.SUPPRESS)
     ap.add_argument("--again-sync-schedule", help=argparse.SUPPRESS)
+    ap.add_argument("--path-schedule", help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="horovod", help=argparse.SUPPRESS)
     ap.add_argument("--rates", default="500mbit,1gbit,2gbit", help="tc rates, comma-separated")
     ap.add_argument("--backends", default="horovod,torch", help="horovod and/or torch")
@@ -2543,6 +2564,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--compare-serial",
         action="store_true",
         help="also train variant pace-serial: the replay issuing one unit at a time",
+    )
+    ap.add_argument(
+        "--compare-path",
+        action="store_true",
+        help=f"with Horovod, also train variant {PATH_VARIANT}: pace's schedule marked for "
+        "Horovod's own path (what pace runs where the compiler predicts that path faster): "
+        "hvd.DistributedOptimizer under Horovod's defaults, waited for by the runtime",
     )
     ap.add_argument(
         "--horovod-env",
