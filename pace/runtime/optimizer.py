@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import math
 import os
 import time
@@ -806,6 +807,10 @@ def _pending(opt: Any) -> bool:
     return any(handle is not None for handle, _ in opt._handles.values())
 
 
+def _polled(hvd: Any, handle: int) -> bool:
+    return bool(hvd.poll(handle))
+
+
 def _wait_in_flight(hvd: Any, opt: Any, timeout_s: float, name: Callable[[Any], str]) -> None:
     """Until every reduction Horovod's optimizer has in flight is done, polling with sleeps
     (``wait_polling``), all within ``timeout_s``; the handles stay Horovod's to install."""
@@ -814,7 +819,7 @@ def _wait_in_flight(hvd: Any, opt: Any, timeout_s: float, name: Callable[[Any], 
         if handle is None:
             continue
         try:
-            wait_polling(lambda h=handle: bool(hvd.poll(h)), deadline)
+            wait_polling(functools.partial(_polled, hvd, handle), deadline)
         except CollectiveTimeoutError as exc:
             raise RuntimeReplayError(
                 f"rank {hvd.rank()}: Horovod's all-reduce of {name(key)} did not complete "
