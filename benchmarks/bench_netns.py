@@ -309,7 +309,7 @@ def launch(
         cmd += ["--", *argv]
         # Horovod 0.28 re-initialising in one process (the training launches' switch of
         # settings) has died in gloo's connect (Connection refused, then SIGABRT on both ranks,
-        # 2026-11-26); nothing of such a launch is kept (the ranks write their files at the
+        # 2026-11-27); nothing of such a launch is kept (the ranks write their files at the
         # end), so it runs again from the start.
         run_attempts(lambda: [subprocess.Popen(cmd, env=env)], HOROVOD_ATTEMPTS)
         return
@@ -714,6 +714,13 @@ def worker_train(args: argparse.Namespace) -> None:
             Path(f"{args.out}.settings").write_text(json.dumps(settings_seen))
 
 
+def under_defaults(kind: str, on_framework: frozenset[str] = frozenset()) -> bool:
+    """``kind`` trains under Horovod's defaults (fusion, cache), not the runtime's settings:
+    vanilla, its `local@vanilla`, `pace@path`, and a compiled mode whose schedule trains with
+    Horovod's own path (``on_framework``)."""
+    return kind in DEFAULT_SETTINGS_VARIANTS or kind in on_framework
+
+
 def _horovod_settings(
     kind: str | None = None, on_framework: frozenset[str] = frozenset()
 ) -> dict[str, str | None]:
@@ -724,7 +731,7 @@ def _horovod_settings(
     pace_env = pace_horovod_env()
     if kind is None:
         return {k: os.environ.get(k) for k in pace_env}
-    if kind in DEFAULT_SETTINGS_VARIANTS or kind in on_framework:
+    if under_defaults(kind, on_framework):
         return dict.fromkeys(pace_env)
     return dict(pace_env)
 
@@ -735,8 +742,7 @@ def by_settings(kinds: Sequence[str], on_framework: frozenset[str] = frozenset()
     has crashed (``_reinit_horovod``); grouped, a launch alternating its blocks' direction
     switches once per pass, where `vanilla, local@vanilla, vanilla-nofusion, online, pace, ...`
     with `pace` on Horovod's path switched three times."""
-    defaults = [k for k in kinds if k in DEFAULT_SETTINGS_VARIANTS or k in on_framework]
-    return defaults + [k for k in kinds if k not in defaults]
+    return sorted(kinds, key=lambda k: not under_defaults(k, on_framework))  # stable
 
 
 def _reinit_horovod(settings: dict[str, str | None]) -> None:
@@ -1748,7 +1754,7 @@ def local_of(variant: str, backend: str, on_framework: frozenset[str] = frozense
     """The `local` run under the Horovod settings that ``variant`` runs with (see ``_train``;
     ``on_framework``: the compiled modes whose schedule trains with Horovod's own path, under
     its defaults as vanilla)."""
-    defaults = variant in DEFAULT_SETTINGS_VARIANTS or variant in on_framework
+    defaults = under_defaults(variant, on_framework)
     return "local@vanilla" if backend == "horovod" and defaults else "local"
 
 
