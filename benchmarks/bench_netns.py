@@ -87,6 +87,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -2308,6 +2309,56 @@ def within_noise(pred: float | None, r: Row) -> bool:
     return r.median_ci_ms is not None and r.median_ci_ms[0] <= pred <= r.median_ci_ms[1]
 
 
+# Why a prediction misses its measurement, as far as the run itself measured it (``error_cause``).
+CAUSES = ("within 5%", "the run's noise", "compute drift", "launch drift", "the model")
+
+
+def error_cause(r: Row) -> str | None:
+    """The first of ``CAUSES`` that accounts for ``r``'s prediction error (None: nothing
+    predicted), each from what the runs measured:
+
+    - ``within 5%``: no miss to explain;
+    - ``the run's noise``: the prediction lies inside the measured median's 95% CI: the run
+      cannot place its own median nearer;
+    - ``compute drift``: the same replay with the compute this launch's own `local` measured
+      (``calibrated_ms``) is within 5% or inside the CI: the miss is the host computing at
+      another speed in this launch than in the calibration launch minutes before, which the
+      prediction could not know (a `local` row's miss is that drift by definition);
+    - ``launch drift``: the calibration launch's median of the same program (``repeat_ms``)
+      is at least as far from this launch's as the prediction: the measurement itself moved
+      that much between two launches;
+    - ``the model``: none of these: the replay's model of this variant is what to fix.
+    """
+    if r.predicted_ms is None:
+        return None
+    if abs(r.predicted_ms - r.measured_ms) <= 0.05 * r.measured_ms:
+        return CAUSES[0]
+    if within_noise(r.predicted_ms, r):
+        return CAUSES[1]
+    if within_noise(r.calibrated_ms, r) or r.variant.startswith("local"):
+        # `local` measures the compute drift: its own miss is that drift.
+        return CAUSES[2]
+    if r.repeat_ms is not None and abs(r.repeat_ms - r.measured_ms) >= abs(
+        r.predicted_ms - r.measured_ms
+    ):
+        return CAUSES[3]
+    return CAUSES[4]
+
+
+def cause_summary(rows: Sequence[Row]) -> str:
+    """How many predictions (rows other than `local`) each of ``CAUSES`` accounts for, naming
+    the rows left to the model."""
+    scored = [(r, c) for r in rows if not r.variant.startswith("local") and (c := error_cause(r))]
+    counts = collections.Counter(c for _, c in scored)
+    parts = [f"{counts[c]} {c}" for c in CAUSES if counts[c]]
+    model = [f"{r.rate} {r.backend} {r.variant}" for r, c in scored if c == CAUSES[-1]]
+    return (
+        f"the predictions' misses, of {len(scored)}: "
+        + ", ".join(parts)
+        + (f" ({'; '.join(model)})" if model else "")
+    )
+
+
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -2325,7 +2376,7 @@ def _print_rows(rows: Sequence[Row], *, markdown: bool = False) -> None:
     head = ["rate", "backend", "variant", "measured ms", "IQR ms", "95% CI ms", "speed-up"]
     head += ["predicted ms", "error", "pred. speed-up", "calibrated ms", "error"]
     head += ["repeat ms", "error"]
-    head += ["independent ms", "error"]
+    head += ["independent ms", "error", "miss explained by"]
     lines = []
     for r in rows:
         v = base.get((r.rate, r.backend))
@@ -2340,10 +2391,12 @@ def _print_rows(rows: Sequence[Row], *, markdown: bool = False) -> None:
         cells += [_ms(r.calibrated_ms), _pct(r.calibrated_ms, r.measured_ms)]
         cells += [_ms(r.repeat_ms), _pct(r.repeat_ms, r.measured_ms)]
         cells += [_ms(r.independent_ms), _pct(r.independent_ms, r.measured_ms)]
+        cells += [error_cause(r) or "-"]
         lines.append(cells)
     _print_table(head, lines, markdown=markdown)
     ours = [r for r in rows if not r.variant.endswith(AGAIN)]
     print("; ".join(_error_summary(ours)) + " (rows other than local)")
+    print(cause_summary(ours))
     if again := [r for r in rows if r.variant.endswith(AGAIN)]:
         print(
             "the calibration's schedules trained again (not counted above): "
