@@ -1242,6 +1242,8 @@ def measure(args: argparse.Namespace) -> list[Row]:
                             link, backend, trace, terms=terms, tmp=tmp, args=args
                         )
                         if args.handoff:
+                            comm = cal.comm
+                            trace = dataclasses.replace(trace, comm=comm)
                             runtime_term = cal.as_run.terms["pace"]
                             as_run = dataclasses.replace(cal.as_run, terms=terms | cal.as_run.terms)
                             job_local_ms = _local_ms(cal.periods)
@@ -1794,6 +1796,9 @@ class Calibration:
     periods: dict[str, list[float]]
     # The replay's and the sync mode's schedules the launch trained (``calibrate_handoff``).
     schedules: tuple[Any, Any] | None = None
+    # The link's cost model as the launch's units measured it (``_fit_channel``: the probe's,
+    # its alpha lowered where the units took less); None: the probe's.
+    comm: Any = None
 
 
 def calibrate_handoff(
@@ -1845,7 +1850,8 @@ def calibrate_handoff(
     argv += ["--blocks", str(HANDOFF_BLOCKS), "--steps", str(HANDOFF_STEPS)]
     argv += ["--variants", ",".join([*timed, *locals_]), "--out", str(out)]
     launch(link, backend, argv, pace_horovod_env() if backend == "horovod" else None)
-    channel = _fit_channel(out, comm, term, units_per_iteration=len(first.units))
+    comm, channel = _fit_channel(out, comm, term, units_per_iteration=len(first.units))
+    trace = dataclasses.replace(trace, comm=comm)
     periods = read_launch(out)
     phases = phase_medians_ms(Path(f"{out}.phases"))
     steps_us = {k: p[2] * 1e3 for k, p in phases.items() if k in step_measured(backend)}
@@ -1864,7 +1870,7 @@ def calibrate_handoff(
         forwards_over_us=forwards_over_us,
     )
     fitted = fit_calibration(trace, (first, first_sync), backend, base, periods)
-    return dataclasses.replace(fitted, schedules=(first, first_sync))
+    return dataclasses.replace(fitted, schedules=(first, first_sync), comm=comm)
 
 
 def repeat_ms(cal: Calibration, schedules: dict[str, Any]) -> dict[str, float]:
@@ -2130,16 +2136,16 @@ def _say_hedge(mode: str, schedule: Any) -> None:
     )
 
 
-def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -> Any:
-    """``term`` with the runtime's channel time beside compute: each unit's channel time
-    (every rank's log lined up, ``merged_units``) beyond the cost model, fitted as ``c0 +
-    c1 * bytes`` over the replay's and the online mode's units (each mode weighing alike in
-    the least squares, however many units it has), expressed as the term's
-    per-call delay and stretch (a call beside compute takes ``(1 + stretch) * cost +
-    comm_us_per_call``, so ``stretch = c1 / beta`` and ``comm_us_per_call = c0 - stretch *
-    alpha``)."""
+def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -> tuple[Any, Any]:
+    """``comm`` and ``term`` with the runtime's channel time beside compute: each unit's
+    channel time (every rank's log lined up, ``merged_units``) beyond the cost model, fitted as
+    ``c0 + c1 * bytes`` over the replay's and the online mode's units (each mode weighing alike
+    in the least squares, however many units it has), expressed as the term's per-call delay
+    and stretch (a call beside compute takes ``(1 + stretch) * cost + comm_us_per_call``, so
+    ``stretch = c1 / beta``) and, where the units took less than the probe's alpha allows,
+    ``comm``'s alpha lowered (``split_intercept``)."""
     import numpy as np
-    from scipy.optimize import nnls
+    from scipy.optimize import lsq_linear
 
     # Both size ranges: on the replay's few large units alone (4 per iteration at 0.5 Gbit/s)
     # the fit put a 20 ms delay on every call, which the online mode's many small ones then
@@ -2162,9 +2168,19 @@ def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -
         [np.full(len(units[v]), max(1, len(units[v])) ** -0.5) for v in HANDOFF_VARIANTS]
     )
     design = np.column_stack([np.ones_like(size), size / scale]) * weight[:, None]
-    (c0, c1_scaled), _ = nnls(design, extra_us * weight)
-    stretch = float(c1_scaled) / scale / comm.beta_us_per_byte
-    per_call = max(0.0, float(c0) - stretch * comm.alpha_us)
+    # The intercept may be negative, down to -alpha: units faster than the probe's cost model
+    # (its small calls once took 8-17 ms at 1 Gbit/s with Horovod, 0.6-2.6 ms in nine other
+    # probes; the launch's units then ran 4.7 ms below it, which a fit held at >= 0 dropped).
+    fit = lsq_linear(design, extra_us * weight, bounds=([-comm.alpha_us, 0.0], np.inf))
+    c0, c1_scaled = (float(x) for x in fit.x)
+    stretch = c1_scaled / scale / comm.beta_us_per_byte
+    per_call, alpha_us = split_intercept(c0, stretch, comm.alpha_us)
+    corrected = (
+        f"; alpha {comm.alpha_us / 1e3:.2f} -> {alpha_us / 1e3:.2f} ms (the probe's was above "
+        "what the units took)"
+        if alpha_us < comm.alpha_us
+        else ""
+    )
     _say(
         f"    runtime units beside compute (the replay's {units_per_iteration} per iteration "
         f"and the online mode's, {len(done)} timed, each mode weighing alike): beyond the cost "
@@ -2172,7 +2188,7 @@ def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -
         f"{statistics.median(extra_us) / 1e3:.2f} ms; "
         f"fit {c0 / 1e3:.2f} ms per unit + {c1_scaled / scale * 2**20 / 1e3:.3f} ms per MiB: "
         f"per-call delay {per_call / 1e3:.2f} ms, stretch {stretch:.3f} (the probe's: "
-        f"{term.comm_us_per_call / 1e3:.2f} ms, {term.comm_stretch:.3f})"
+        f"{term.comm_us_per_call / 1e3:.2f} ms, {term.comm_stretch:.3f}){corrected}"
     )
     # Per variant, the fit against its own units; the sync mode's are not fitted (see
     # HANDOFF_VARIANTS), and this says how far its units are from the fit.
@@ -2187,7 +2203,21 @@ def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -
                 f"{statistics.fmean(e) / 1e3:.2f} ms per unit (in rank 0's own log "
                 f"{statistics.fmean(own) / 1e3:.2f} ms), the fit {fit_ms:.2f} ms"
             )
-    return dataclasses.replace(term, comm_us_per_call=per_call, comm_stretch=stretch)
+    return dataclasses.replace(comm, alpha_us=alpha_us), dataclasses.replace(
+        term, comm_us_per_call=per_call, comm_stretch=stretch
+    )
+
+
+def split_intercept(c0_us: float, stretch: float, alpha_us: float) -> tuple[float, float]:
+    """The runtime's units' time beyond the probe's cost, ``c0 + stretch * beta * bytes``
+    (``c0 >= -alpha``), as the per-call delay and the per-call cost ``alpha'`` of a call
+    beside compute taking ``(1 + stretch) * (alpha' + beta * bytes) + delay``: the delay where
+    ``c0`` covers the stretch of the probe's alpha, else no delay and a lower alpha (the
+    probe's small calls were slower than the units; the units ran beside compute, so this
+    alpha is still no less than theirs alone)."""
+    if c0_us >= stretch * alpha_us:
+        return c0_us - stretch * alpha_us, alpha_us
+    return 0.0, max(0.0, (alpha_us + c0_us) / (1.0 + stretch))
 
 
 def fit_compute_loss(

@@ -603,7 +603,9 @@ def test_each_mode_weighs_alike_in_the_fit_of_the_runtimes_units(tmp_path: Path)
         _write_logs(out, "pace", replay)
         _write_logs(out, "online", online_units)
         _write_logs(out, "pace-sync", replay)
-        return bench_netns._fit_channel(out, comm, term, units_per_iteration=3)
+        fitted_comm, fitted_term = bench_netns._fit_channel(out, comm, term, units_per_iteration=3)
+        assert fitted_comm == comm  # the units took more than the probe's alpha: kept
+        return fitted_term
 
     once = fitted(online, tmp_path / "once")
     twice = fitted(online * 2, tmp_path / "twice")
@@ -620,6 +622,51 @@ def test_each_mode_weighs_alike_in_the_fit_of_the_runtimes_units(tmp_path: Path)
         1,
     )
     assert abs(beyond_us(once, size) - 6.8e3) < abs(np.polyval(by_unit, size) - 6.8e3)
+
+
+def test_units_faster_than_the_probes_alpha_lower_it(tmp_path: Path) -> None:
+    """Where the probe's small calls were slow (its alpha 10 ms) and the launch's units took
+    4 ms each over their bytes' time, the fit lowers alpha to what they took (no per-call
+    delay on top), and the cost model then predicts the units' time."""
+    comm = CommModel(workers=2, alpha_us=10e3, beta_us_per_byte=8e-3)
+    term = Interference()
+    mib = 2**20
+    took_us = 4e3  # per unit, beyond its bytes
+
+    def units(sizes: range) -> list[tuple[int, float]]:
+        return [(s * mib // 4, took_us + comm.beta_us_per_byte * (s * mib // 4)) for s in sizes]
+
+    _write_logs(tmp_path / "l", "pace", units(range(30, 36)))
+    _write_logs(tmp_path / "l", "online", units(range(1, 17)))
+    _write_logs(tmp_path / "l", "pace-sync", units(range(30, 36)))
+    got_comm, got_term = bench_netns._fit_channel(tmp_path / "l", comm, term, units_per_iteration=6)
+    assert got_comm.alpha_us == pytest.approx(took_us, rel=1e-3)
+    assert got_comm.beta_us_per_byte == comm.beta_us_per_byte
+    assert got_term.comm_us_per_call == pytest.approx(0.0, abs=1.0)
+    assert got_term.comm_stretch == pytest.approx(0.0, abs=1e-4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    alpha=st.floats(0.0, 2e4),
+    stretch=st.floats(0.0, 1.0),
+    c0_frac=st.floats(-1.0, 3.0),
+    beta=st.floats(1e-4, 1e-1),
+    size=st.integers(0, 64 * 2**20),
+)
+def test_the_intercept_split_reproduces_the_fitted_excess(
+    alpha: float, stretch: float, c0_frac: float, beta: float, size: int
+) -> None:
+    """Whatever the intercept (down to -alpha), the delay and alpha it is split into give a
+    call beside compute exactly the fitted excess over the probe's cost, never a negative
+    delay or alpha, and never raise alpha."""
+    c0 = c0_frac * alpha
+    delay, new_alpha = bench_netns.split_intercept(c0, stretch, alpha)
+    assert delay >= 0.0
+    assert 0.0 <= new_alpha <= alpha
+    beside = (1.0 + stretch) * (new_alpha + beta * size) + delay
+    excess = c0 + stretch * beta * size
+    assert beside - (alpha + beta * size) == pytest.approx(excess, rel=1e-9, abs=1e-6)
 
 
 def test_the_hedge_model_swaps_in_the_probes_loss_alone() -> None:
