@@ -832,3 +832,29 @@ def test_every_prediction_gets_exactly_one_cause_and_the_model_only_when_nothing
     summary = bench_netns.cause_summary([row])
     assert f"1 {got}" in summary
     assert ("1gbit horovod pace" in summary) == (got == "the model")
+
+
+@settings(max_examples=8, deadline=None)
+@given(scale=st.floats(0.6, 1.6))
+def test_the_bound_takes_the_launchs_own_compute_and_no_replay_beats_it(
+    vgg: tuple[Trace, Interference, tuple[object, object]], scale: float
+) -> None:
+    """With the compute the profile had, the launch's bound is the compiler's; a launch that
+    computed faster or slower moves it the same way; and the replay of every variant from that
+    launch's compute (the `calibrated` column) stays at or above it."""
+    from pace.lp import lower_bound_us
+
+    trace, probe, (schedule, sync) = vgg
+    term = dataclasses.replace(probe, idle_loss=0.0)
+    compiled = dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, interference=term))
+    own_s = bench_netns._compute_us(compiled) / 1e6
+    same = bench_netns.launch_bound_ms(compiled, {"local": [own_s]})
+    assert same == pytest.approx(lower_bound_us(compiled) / 1e3, rel=1e-6)
+    measured = {"local": [own_s * scale], "pace": [1.0], "online": [1.0], "vanilla": [1.0]}
+    bound = bench_netns.launch_bound_ms(compiled, measured)
+    assert (bound - same) * (scale - 1.0) >= -1e-6 * same
+    periods = bench_netns.launch_calibrated_ms(
+        compiled, schedule, sync, "torch", as_run=_as_run(term, {}), measured=measured
+    )
+    assert periods
+    assert min(periods.values()) >= bound * (1 - 1e-9)
