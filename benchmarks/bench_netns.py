@@ -2190,8 +2190,9 @@ def _fit_channel(out: Path, comm: Any, term: Any, *, units_per_iteration: int) -
     )
     design = np.column_stack([np.ones_like(size), size / scale]) * weight[:, None]
     # The intercept may be negative, down to -alpha: units faster than the probe's cost model
-    # (its small calls once took 8-17 ms at 1 Gbit/s with Horovod, 0.6-2.6 ms in nine other
-    # probes; the launch's units then ran 4.7 ms below it, which a fit held at >= 0 dropped).
+    # (its small calls once took 8-17 ms at 1 Gbit/s with Horovod, 0.5-4.1 ms in 17 other
+    # probes; the launch's units then ran a median 5.3 ms below it, which a fit held at >= 0
+    # dropped).
     fit = lsq_linear(design, extra_us * weight, bounds=([-comm.alpha_us, 0.0], np.inf))
     c0, c1_scaled = (float(x) for x in fit.x)
     stretch = c1_scaled / scale / comm.beta_us_per_byte
