@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -771,67 +770,6 @@ def test_a_launch_starts_without_the_last_rate_s_logs(tmp_path: Path) -> None:
     assert [f for f in stale if f.exists()] == []
     assert all(f.exists() for f in kept)
     assert bench_netns.read_unit_logs(Path(f"{out}.pace.units")) is None
-
-
-def _row(measured_ms: float, variant: str = "pace", **kw: Any) -> Any:
-    return bench_netns.Row(
-        rate="1gbit",
-        backend="horovod",
-        variant=variant,
-        measured_ms=measured_ms,
-        spread_ms=0.0,
-        **{"predicted_ms": None, "independent_ms": None, **kw},
-    )
-
-
-def test_a_miss_is_explained_by_the_first_measured_cause_that_accounts_for_it() -> None:
-    ci = (960.0, 1040.0)
-    cause = bench_netns.error_cause
-    assert cause(_row(1000.0)) is None  # nothing predicted
-    assert cause(_row(1000.0, predicted_ms=1049.0)) == "within 5%"
-    assert cause(_row(1000.0, predicted_ms=1100.0, median_ci_ms=(900.0, 1120.0))) == (
-        "the run's noise"
-    )
-    # The launch's own compute brings the replay within 5%: the host's speed moved.
-    assert cause(_row(1000.0, predicted_ms=880.0, calibrated_ms=1030.0, median_ci_ms=ci)) == (
-        "compute drift"
-    )
-    # A `local` row measures that drift itself.
-    assert cause(_row(1000.0, variant="local", predicted_ms=800.0, median_ci_ms=ci)) == (
-        "compute drift"
-    )
-    # The same program a launch earlier was further off than the prediction.
-    launch = _row(1000.0, predicted_ms=880.0, calibrated_ms=860.0, repeat_ms=860.0)
-    assert cause(launch) == "launch drift"
-    assert cause(dataclasses.replace(launch, repeat_ms=900.0)) == "the model"
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    measured=st.floats(100.0, 2000.0),
-    rel=st.lists(st.floats(-0.5, 0.5), min_size=3, max_size=3),
-    ci=st.booleans(),
-)
-def test_every_prediction_gets_exactly_one_cause_and_the_model_only_when_nothing_else_holds(
-    measured: float, rel: list[float], ci: bool
-) -> None:
-    pred, cal, rep = (measured * (1 + x) for x in rel)
-    row = _row(
-        measured,
-        predicted_ms=pred,
-        calibrated_ms=cal,
-        repeat_ms=rep,
-        median_ci_ms=(measured * 0.97, measured * 1.03) if ci else None,
-    )
-    got = bench_netns.error_cause(row)
-    assert got in bench_netns.CAUSES
-    if got == "the model":
-        assert abs(pred - measured) > 0.05 * measured
-        assert not bench_netns.within_noise(cal, row)
-        assert abs(rep - measured) < abs(pred - measured)
-    summary = bench_netns.cause_summary([row])
-    assert f"1 {got}" in summary
-    assert ("1gbit horovod pace" in summary) == (got == "the model")
 
 
 @settings(max_examples=8, deadline=None)

@@ -5,21 +5,26 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks._common import thread_cpu_ms
 from benchmarks.bench_netns import (
+    CAUSES,
     Row,
     _print_goal,
     against_vanilla,
+    cause_summary,
     cpu_floor_ms,
+    error_cause,
     goal_verdict,
     ranking_agreement,
     read_cpu,
     read_threads,
+    within_noise,
 )
 
 
@@ -239,3 +244,58 @@ def test_iqr_is_the_quartiles_apart_and_zero_below_two_values() -> None:
     assert iqr(xs, method="inclusive") == 10.0  # 105 and 115
     assert iqr([5.0]) == 0.0
     assert iqr([]) == 0.0
+
+
+def _cause_row(measured: float, variant: str = "pace", **kw: Any) -> Row:
+    """A row with only what ``error_cause`` reads: the prediction none unless given."""
+    return dataclasses.replace(_row(variant, measured, 0.0, 0.0), **{"predicted_ms": None, **kw})
+
+
+def test_a_miss_is_explained_by_the_first_measured_cause_that_accounts_for_it() -> None:
+    ci = (960.0, 1040.0)
+    cause = error_cause
+    assert cause(_cause_row(1000.0)) is None  # nothing predicted
+    assert cause(_cause_row(1000.0, predicted_ms=1049.0)) == "within 5%"
+    assert cause(_cause_row(1000.0, predicted_ms=1100.0, median_ci_ms=(900.0, 1120.0))) == (
+        "the run's noise"
+    )
+    # The launch's own compute brings the replay within 5%: the host's speed moved.
+    assert cause(_cause_row(1000.0, predicted_ms=880.0, calibrated_ms=1030.0, median_ci_ms=ci)) == (
+        "compute drift"
+    )
+    # A `local` row measures that drift itself.
+    assert cause(_cause_row(1000.0, variant="local", predicted_ms=800.0, median_ci_ms=ci)) == (
+        "compute drift"
+    )
+    # The same program a launch earlier was further off than the prediction.
+    launch = _cause_row(1000.0, predicted_ms=880.0, calibrated_ms=860.0, repeat_ms=860.0)
+    assert cause(launch) == "launch drift"
+    assert cause(dataclasses.replace(launch, repeat_ms=900.0)) == "the model"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    measured=st.floats(100.0, 2000.0),
+    rel=st.lists(st.floats(-0.5, 0.5), min_size=3, max_size=3),
+    ci=st.booleans(),
+)
+def test_every_prediction_gets_exactly_one_cause_and_the_model_only_when_nothing_else_holds(
+    measured: float, rel: list[float], ci: bool
+) -> None:
+    pred, cal, rep = (measured * (1 + x) for x in rel)
+    row = _cause_row(
+        measured,
+        predicted_ms=pred,
+        calibrated_ms=cal,
+        repeat_ms=rep,
+        median_ci_ms=(measured * 0.97, measured * 1.03) if ci else None,
+    )
+    got = error_cause(row)
+    assert got in CAUSES
+    if got == "the model":
+        assert abs(pred - measured) > 0.05 * measured
+        assert not within_noise(cal, row)
+        assert abs(rep - measured) < abs(pred - measured)
+    summary = cause_summary([row])
+    assert f"1 {got}" in summary
+    assert ("1gbit torch pace" in summary) == (got == "the model")
