@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pace.errors import InputError, SolverError
-from pace.hedge import check_alternatives, least_regret, regrets
+from pace.hedge import check_alternatives, least_regret, regrets, robust_to_compute
 from pace.ir import (
     FRAMEWORK_POLICIES,
     SCHEDULE_MODES,
@@ -418,6 +418,66 @@ def _hedged(
     ), plan
 
 
+def _compute_hedged(
+    compiled: Trace,
+    chosen: tuple[Schedule, FusionPlan],
+    speedups: Sequence[float],
+    *,
+    fusion: FusionMethod,
+    solver: Solver,
+    robust: bool,
+    tol: float,
+    warnings: list[str],
+) -> tuple[Schedule, FusionPlan]:
+    """``chosen`` (in issue order), or a schedule compiled for ``compiled`` with its compute
+    ``speedups`` times faster that replays no more than ``tol`` slower on ``compiled`` and
+    loses least where the compute runs at those speeds (``pace.hedge.robust_to_compute``).
+
+    Every candidate is replayed as the runtime runs it: issued strictly in priority order
+    (``in_order``), numbered by its start order on the trace it was compiled for
+    (``in_issue_order``)."""
+    from pace.sim import schedule_policy, simulate
+
+    worlds = [apply_what_if(compiled, compute_speedup=s) for s in speedups]
+    alt_warnings: list[list[str]] = [[] for _ in worlds]
+    candidates = [chosen]
+    for world, ws in zip(worlds, alt_warnings, strict=True):
+        sched, plan = _fuse_and_schedule(
+            world, fusion=fusion, solver=solver, robust=robust, tol=tol, stages={}, warnings=ws
+        )
+        candidates.append((in_issue_order(sched, world), plan))
+
+    def in_order_us(sched: Schedule, trace: Trace) -> float:
+        return float(simulate(trace, schedule_policy(sched, in_order=True)).iteration_us)
+
+    nominal = [in_order_us(s, compiled) for s, _ in candidates]
+    replays = [[in_order_us(s, w) for w in worlds] for s, _ in candidates]
+    pick = robust_to_compute(nominal, replays, tolerance=tol)
+    info = {
+        "speedups": [float(s) for s in speedups],
+        "tolerance": tol,
+        "chosen": pick,
+        "nominal_us": nominal,
+        "replays_us": replays,
+    }
+    incumbent = chosen[0]
+    if pick == 0:
+        return dataclasses.replace(
+            incumbent, meta={**incumbent.meta, "compute_hedge": info}
+        ), chosen[1]
+    warnings.extend(alt_warnings[pick - 1])
+    sched, plan = candidates[pick]
+    kept = {k: incumbent.meta[k] for k in ("hedge",) if k in incumbent.meta}
+    # The trace's digest and cost model, not the scaled world's it was compiled on.
+    return dataclasses.replace(
+        sched,
+        trace_digest=incumbent.trace_digest,
+        cost_model=incumbent.cost_model,
+        predicted_iteration_us=nominal[pick],
+        meta={**sched.meta, **kept, "compute_hedge": info},
+    ), plan
+
+
 def compile_trace(
     trace: Trace,
     *,
@@ -431,6 +491,7 @@ def compile_trace(
     robust: bool | None = None,
     robust_tolerance: float | None = None,
     hedge: Sequence[Trace] = (),
+    compute_hedge: Sequence[float] = (),
     framework: bool = True,
     framework_margin: float | None = None,
 ) -> CompileResult:
@@ -458,6 +519,12 @@ def compile_trace(
     which may then be slower than a baseline's there (the warning says so): the hedge trades
     time under one model for less loss under the others. ``meta.hedge`` records the replays
     and regrets.
+    ``compute_hedge``: compute speed-ups (``2.0``: the ops take half as long; ``0.8``: 1.25x as
+    long) the job may run at instead of the trace's: the trace is also compiled at each, and
+    a schedule replaying no more than ``robust_tolerance`` slower than the pipeline's choice
+    on the trace ships where it loses least at those speeds (``pace.hedge.robust_to_compute``;
+    every candidate replayed in the runtime's strict issue order). ``meta.compute_hedge``
+    records the replays.
     ``framework``: where the trace measured the framework's own path (``comm.framework``) and
     the compiled schedule does not replay ``framework_margin`` (default ``FRAMEWORK_MARGIN``,
     5%) faster than it (``framework_path_us``), ship the schedule marked ``framework`` (the
@@ -485,6 +552,12 @@ def compile_trace(
         raise InputError(f"must be a finite number >= 0, got {margin}", field="framework_margin")
     tol = ROBUST_TOLERANCE if robust_tolerance is None else robust_tolerance
     check_alternatives(trace, hedge)
+    for speedup in compute_hedge:
+        if not (isinstance(speedup, int | float) and 0.0 < speedup < math.inf):
+            raise InputError(
+                f"compute speed-ups must be finite numbers > 0, got {speedup!r}",
+                field="compute_hedge",
+            )
 
     t0 = time.perf_counter()
     stages: dict[str, float] = {}
@@ -577,6 +650,21 @@ def compile_trace(
             warnings.extend(alt_warnings[pick - 1])
         stages["hedge"] = time.perf_counter() - t
         compile_seconds += stages["hedge"]
+    sched = in_issue_order(sched, compiled)
+    if compute_hedge:
+        t = time.perf_counter()
+        sched, plan = _compute_hedged(
+            compiled,
+            (sched, plan),
+            compute_hedge,
+            fusion=fusion,
+            solver=solver,
+            robust=robust_on,
+            tol=tol,
+            warnings=warnings,
+        )
+        stages["compute_hedge"] = time.perf_counter() - t
+        compile_seconds += stages["compute_hedge"]
     if base:
         beaten = {n: us for n, us in base.items() if us < sched.predicted_iteration_us}
         if beaten:
@@ -585,7 +673,6 @@ def compile_trace(
                 f"baseline {best!r} replays faster ({beaten[best]:.1f} us) than the compiled "
                 f"schedule ({sched.predicted_iteration_us:.1f} us)"
             )
-    sched = in_issue_order(sched, compiled)
     sched, framework_us = _weigh_framework(
         sched, compiled, trace, warnings, choose=framework, margin=margin
     )

@@ -71,7 +71,17 @@ class InRange(argparse.Action):
                 f"must be {'<' if self.hi_open else '<='} {_num(self.hi)}, got {_shown(x)}",
                 where=where,
             )
+        self.store(namespace, x)
+
+    def store(self, namespace: argparse.Namespace, x: float) -> None:
         setattr(namespace, self.dest, x)
+
+
+class InRangeAppend(InRange):
+    """``InRange`` for a repeatable flag: each value checked, all kept in a list."""
+
+    def store(self, namespace: argparse.Namespace, x: float) -> None:
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), x])
 
 
 def int_in(lo: int, hi: int) -> dict[str, Any]:
@@ -91,6 +101,11 @@ def float_in(
         "lo_open": lo_open,
         "hi_open": hi_open,
     }
+
+
+def floats_in(lo: float, hi: float) -> dict[str, Any]:
+    """``add_argument`` keywords for a repeatable finite number flag in ``[lo, hi]``."""
+    return {"type": float, "action": InRangeAppend, "lo": lo, "hi": hi, "default": []}
 
 
 def _num(x: float) -> str:

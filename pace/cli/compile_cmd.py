@@ -11,8 +11,9 @@ import argparse
 import sys
 from typing import Any
 
-from pace.cli._options import OutputPath, add_what_if_options, float_in
+from pace.cli._options import OutputPath, add_what_if_options, float_in, floats_in
 from pace.cli._output import print_json, print_table, warn
+from pace.io import MAX_COMPUTE_SPEEDUP, MIN_COMPUTE_SPEEDUP
 from pace.options import FUSION_METHODS, SCHEDULE_MODES, SOLVERS, FusionMethod
 
 # Groups listed one per row in the human-readable plan; longer plans are summarised.
@@ -82,6 +83,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "over all the models (repeatable; docs/scheduling.md, section 9)",
     )
     p.add_argument(
+        "--hedge-compute",
+        **floats_in(MIN_COMPUTE_SPEEDUP, MAX_COMPUTE_SPEEDUP),
+        metavar="X",
+        help="the job may compute X times faster than the trace (0.8: 1.25x slower): also "
+        "compile for that and ship, among schedules within --robust-tolerance of the "
+        "pipeline's on the trace, the one that loses least at that speed (repeatable; "
+        "docs/scheduling.md, 'Robust to the compute's speed')",
+    )
+    p.add_argument(
         "--no-framework",
         action="store_true",
         help="replay the units even where the trace's measured framework path (comm.framework, "
@@ -128,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         robust=args.robust,
         robust_tolerance=args.robust_tolerance,
         hedge=[load_trace(path) for path in args.hedge],
+        compute_hedge=args.hedge_compute,
         framework=not args.no_framework,
         framework_margin=args.framework_margin,
     )
@@ -163,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
                 "solver": args.solver,
                 "robust": result.schedule.meta.get("robust"),
                 "hedge": result.schedule.meta.get("hedge"),
+                "compute_hedge": result.schedule.meta.get("compute_hedge"),
                 "framework": result.schedule.framework,
                 "framework_us": result.framework_us,
                 "cost_model": {
@@ -222,6 +234,19 @@ def run(args: argparse.Namespace) -> int:
             [
                 [f"{'* ' if i == hedge['chosen'] else ''}{names[i]}", *row, f"{r:.2%}"]
                 for i, (row, r) in enumerate(zip(hedge["replays_us"], hedge["regret"], strict=True))
+            ],
+        )
+    if ch := result.schedule.meta.get("compute_hedge"):
+        labels = ["the pipeline's", *(f"compiled at x{s:g}" for s in ch["speedups"])]
+        print_table(
+            "compute hedge: each schedule replayed on the trace and with the compute X times "
+            f"faster (us; admissible within {ch['tolerance']:.2%} on the trace)",
+            ["schedule", "trace", *(f"x{s:g}" for s in ch["speedups"])],
+            [
+                [f"{'* ' if i == ch['chosen'] else ''}{label}", nominal, *row]
+                for i, (label, nominal, row) in enumerate(
+                    zip(labels, ch["nominal_us"], ch["replays_us"], strict=True)
+                )
             ],
         )
     return 0
