@@ -985,6 +985,9 @@ def schedule_from_dict(obj: Any, *, where: str = "") -> Schedule:
             "framework",
             f"must be one of {', '.join(FRAMEWORK_BACKENDS)} (or absent), got {_show(framework)}",
         )
+    in_order = top.get("in_order", False)
+    if not isinstance(in_order, bool):
+        raise r.err("in_order", f"must be true or false (or absent), got {_show(in_order)}")
     units = r.items(top, "units", "", lambda v, p: _unit_from(r, v, p))
     n_slices = sum(len(u.slices) for u in units)
     if n_slices > MAX_SLICES:
@@ -999,6 +1002,7 @@ def schedule_from_dict(obj: Any, *, where: str = "") -> Schedule:
         ),
         compute_speedup=speedup,
         framework=framework,
+        in_order=in_order,
         meta=meta,
     )
 
@@ -1047,6 +1051,9 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
     if schedule.framework is not None:
         # Absent means "replay the units", as in every file before the field existed.
         out["framework"] = schedule.framework
+    if schedule.in_order:
+        # Absent means the contract's replay, as in every file before the field existed.
+        out["in_order"] = True
     meta = dict(schedule.meta)
     if schedule.compute_speedup is not None:
         meta["compute_speedup"] = _num_out(schedule.compute_speedup)

@@ -270,6 +270,12 @@ class Schedule:
     # path faster than these units (``FrameworkPath``): the runtime trains with that path, and
     # the units stay for inspection. In the file: top-level ``framework``.
     framework: str | None = None
+    # True: ``predicted_iteration_us`` and every replay of this schedule issue the units as the
+    # runtime does, strictly in priority order, each once its gradients are ready; False: the
+    # contract's replay, which starts whichever ready unit has the smallest priority (the same
+    # on the trace for a schedule numbered in its replay's start order, as ``pace compile``
+    # writes). In the file: top-level ``in_order``.
+    in_order: bool = False
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def ordered_units(self) -> tuple[Unit, ...]:

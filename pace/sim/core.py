@@ -182,7 +182,7 @@ def units_policy(units: Sequence[Unit], *, name: str = "units", in_order: bool =
 
 
 def schedule_policy(
-    schedule: Schedule, *, name: str = "schedule", in_order: bool = False
+    schedule: Schedule, *, name: str = "schedule", in_order: bool | None = None
 ) -> Policy:
     """Replay a compiled pace :class:`~pace.ir.Schedule` (its units, in file order).
 
@@ -190,7 +190,10 @@ def schedule_policy(
     gradients are ready (docs/schedule-format.md, "Priorities as the runtime reads them"). A
     schedule numbered in its own replay's start order (``pace.compiler.in_issue_order``)
     replays the same either way on the trace it was compiled for; on other timings (another
-    machine's compute, a refitted cost model) the two can differ, and this is the runtime's."""
+    machine's compute, a refitted cost model) the two can differ, and this is the runtime's.
+    ``None``: as the schedule says (``Schedule.in_order``, the file's ``in_order``)."""
+    if in_order is None:
+        in_order = schedule.in_order
     return units_policy(schedule.units, name=name, in_order=in_order)
 
 
