@@ -29,7 +29,7 @@ def main() -> int:
     from pace.cli._output import print_table
     from pace.compiler import apply_what_if, compile_trace
     from pace.io import load_trace
-    from pace.sim import schedule_policy, simulate
+    from pace.sim import runtime_replay_us
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dir", type=Path)
@@ -51,10 +51,7 @@ def main() -> int:
         ratios = []
         for scale in SCALES:
             world = apply_what_if(trace, compute_speedup=1.0 / scale)
-            us = [
-                simulate(world, schedule_policy(s, in_order=True)).iteration_us
-                for s in (plain, hedged)
-            ]
+            us = [runtime_replay_us(world, s) for s in (plain, hedged)]
             ratios.append(f"{us[0] / 1e3:.1f} / {us[1] / 1e3:.1f} ({us[1] / us[0]:.3f})")
         chosen = hedged.meta["compute_hedge"]["chosen"]
         rows.append([tag, len(plain.units), len(hedged.units), "yes" if chosen else "no", *ratios])

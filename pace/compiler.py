@@ -114,17 +114,18 @@ def _weigh_framework(
     *,
     choose: bool,
     margin: float,
-    speedups: Sequence[float] = (),
+    worlds: Sequence[tuple[float, Trace]] = (),
 ) -> tuple[Schedule, float | None]:
     """``sched`` marked to train with the framework's own path where ``choose`` and its units
     do not replay at least ``margin`` faster than that path (``framework_path_us``); the
     path's replay time, or ``None`` where the trace has none.
 
-    ``speedups`` (``compute_hedge``): the units also ship where, with the compute at those
-    speeds too, they never replay slower than the path and beat it by ``margin`` at one of
-    them (``meta.framework_weighed``). On the 1 Gbit/s Horovod trace of docs/results.md the
-    units were 0.9% faster than the path on the calibration's compute, 5.2% with compute 1.1x
-    faster and 8.6% at 1.25x: the margin alone trained the path, as fast as vanilla."""
+    ``worlds`` (``compute_hedge``: each speed-up and the trace at it): the units also ship
+    where, with the compute at those speeds too, they never replay slower than the path and
+    beat it by ``margin`` at one of them (``meta.framework_weighed``). On the 1 Gbit/s
+    Horovod trace of docs/results.md the units were 0.9% faster than the path on the
+    calibration's compute, 5.2% with compute 1.1x faster and 8.6% at 1.25x: the margin alone
+    trained the path, as fast as vanilla."""
     if compiled.comm.framework is None:
         if given.comm.framework is not None:
             warnings.append(
@@ -136,15 +137,14 @@ def _weigh_framework(
     assert fw_us is not None
     if not choose or sched.predicted_iteration_us * (1.0 + margin) <= fw_us:
         return sched, fw_us
-    if speedups and sched.predicted_iteration_us <= fw_us:
-        from pace.sim import schedule_policy, simulate
+    if worlds and sched.predicted_iteration_us <= fw_us:
+        from pace.sim import runtime_replay_us
 
-        worlds = [apply_what_if(compiled, compute_speedup=s) for s in speedups]
-        units_us = [simulate(w, schedule_policy(sched, in_order=True)).iteration_us for w in worlds]
-        path_us = [framework_path_us(w) or 0.0 for w in worlds]
+        units_us = [runtime_replay_us(w, sched) for _, w in worlds]
+        path_us = [framework_path_us(w) or 0.0 for _, w in worlds]
         pairs = list(zip(units_us, path_us, strict=True))
         if all(u <= f for u, f in pairs) and any(u * (1.0 + margin) <= f for u, f in pairs):
-            weighed = {"speedups": list(speedups), "units_us": units_us, "path_us": path_us}
+            weighed = {"speedups": [s for s, _ in worlds], "units_us": units_us, "path_us": path_us}
             meta = {**sched.meta, "framework_weighed": weighed}
             return dataclasses.replace(sched, meta=meta), fw_us
     backend = compiled.comm.framework.backend
@@ -439,7 +439,7 @@ def _hedged(
 def _compute_hedged(
     compiled: Trace,
     chosen: tuple[Schedule, FusionPlan],
-    speedups: Sequence[float],
+    worlds: Sequence[tuple[float, Trace]],
     *,
     fusion: FusionMethod,
     solver: Solver,
@@ -447,32 +447,28 @@ def _compute_hedged(
     tol: float,
     warnings: list[str],
 ) -> tuple[Schedule, FusionPlan]:
-    """``chosen`` (in issue order), or a schedule compiled for ``compiled`` with its compute
-    ``speedups`` times faster that replays no more than ``tol`` slower on ``compiled`` and
-    loses least where the compute runs at those speeds (``pace.hedge.robust_to_compute``).
+    """``chosen`` (in issue order), or a schedule compiled for one of ``worlds`` (``compiled``
+    with its compute each speed-up times faster) that replays no more than ``tol`` slower on
+    ``compiled`` and loses least where the compute runs at those speeds
+    (``pace.hedge.robust_to_compute``).
 
     Every candidate is replayed as the runtime runs it: issued strictly in priority order
     (``in_order``), numbered by its start order on the trace it was compiled for
     (``in_issue_order``)."""
-    from pace.sim import schedule_policy, simulate
+    from pace.sim import runtime_replay_us
 
-    worlds = [apply_what_if(compiled, compute_speedup=s) for s in speedups]
     alt_warnings: list[list[str]] = [[] for _ in worlds]
     candidates = [chosen]
-    for world, ws in zip(worlds, alt_warnings, strict=True):
+    for (_, world), ws in zip(worlds, alt_warnings, strict=True):
         sched, plan = _fuse_and_schedule(
             world, fusion=fusion, solver=solver, robust=robust, tol=tol, stages={}, warnings=ws
         )
         candidates.append((in_issue_order(sched, world), plan))
-
-    def in_order_us(sched: Schedule, trace: Trace) -> float:
-        return float(simulate(trace, schedule_policy(sched, in_order=True)).iteration_us)
-
-    nominal = [in_order_us(s, compiled) for s, _ in candidates]
-    replays = [[in_order_us(s, w) for w in worlds] for s, _ in candidates]
+    nominal = [runtime_replay_us(compiled, s) for s, _ in candidates]
+    replays = [[runtime_replay_us(w, s) for _, w in worlds] for s, _ in candidates]
     pick = robust_to_compute(nominal, replays, tolerance=tol)
     info = {
-        "speedups": [float(s) for s in speedups],
+        "speedups": [float(s) for s, _ in worlds],
         "tolerance": tol,
         "chosen": pick,
         "nominal_us": nominal,
@@ -672,12 +668,15 @@ def compile_trace(
         stages["hedge"] = time.perf_counter() - t
         compile_seconds += stages["hedge"]
     sched = in_issue_order(sched, compiled)
-    if compute_hedge:
+    # The trace with its compute at each hedged speed: the schedules are chosen on them, and
+    # the framework's path is weighed on the same.
+    worlds = [(s, apply_what_if(compiled, compute_speedup=s)) for s in compute_hedge]
+    if worlds:
         t = time.perf_counter()
         sched, plan = _compute_hedged(
             compiled,
             (sched, plan),
-            compute_hedge,
+            worlds,
             fusion=fusion,
             solver=solver,
             robust=robust_on,
@@ -701,7 +700,7 @@ def compile_trace(
         warnings,
         choose=framework,
         margin=margin,
-        speedups=compute_hedge,
+        worlds=worlds,
     )
     if compute_speedup is not None or mode != "overlap":
         # The schedule keeps the digest of the trace it was given and records what changes the

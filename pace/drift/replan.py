@@ -84,9 +84,9 @@ def predict_schedule(trace: Trace, schedule: Schedule) -> float:
     priority, and the runtime then waits where the contract's work-conserving replay would not
     (docs/schedule-format.md, "Priorities as the runtime reads them").
     """
-    from pace.sim import schedule_policy, simulate
+    from pace.sim import runtime_replay_us
 
-    return float(simulate(trace, schedule_policy(schedule, in_order=True)).iteration_us)
+    return runtime_replay_us(trace, schedule)
 
 
 class JitterPredictor(Generic[P]):

@@ -16,7 +16,14 @@ from pace.sim.core import (
     schedule_policy,
     units_policy,
 )
-from pace.sim.policies import POLICIES, compare, layer_order, ready_order, simulate
+from pace.sim.policies import (
+    POLICIES,
+    compare,
+    layer_order,
+    ready_order,
+    runtime_replay_us,
+    simulate,
+)
 
 __all__ = [
     "POLICIES",
@@ -30,6 +37,7 @@ __all__ = [
     "layer_order",
     "merge_intervals",
     "ready_order",
+    "runtime_replay_us",
     "schedule_policy",
     "simulate",
     "units_policy",

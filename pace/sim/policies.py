@@ -27,6 +27,7 @@ from pace.sim.core import (
     SimResult,
     as_policy,
     replay_policy,
+    schedule_policy,
 )
 
 MIB = 1024 * 1024
@@ -510,3 +511,11 @@ def simulate(
     """Replay ``policy`` (a policy, a compiled schedule, or a baseline's name) on ``trace``:
     the iteration time and the timeline (``pace.sim.core.replay_policy``)."""
     return replay_policy(trace, resolve_policy(policy), options=options)
+
+
+def runtime_replay_us(trace: Trace, schedule: Schedule) -> float:
+    """``schedule`` replayed on ``trace`` as the runtime issues it, strictly in priority order
+    (``schedule_policy(..., in_order=True)``): what a run on those timings takes, where they
+    are not the ones the schedule was numbered on (docs/schedule-format.md, "Priorities as the
+    runtime reads them")."""
+    return float(simulate(trace, schedule_policy(schedule, in_order=True)).iteration_us)
