@@ -14,7 +14,7 @@ import shutil
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -50,6 +50,20 @@ def load_shipped(name: str) -> Trace:
     from pace.io import load_trace
 
     return load_trace(TRACES_DIR / f"{name}.json.gz")
+
+
+def kept_traces(directory: Path) -> Iterator[tuple[str, Trace, list[Trace]]]:
+    """The calibrated traces of a ``bench_netns.py --keep DIR`` directory, in name order: the
+    tag (``RATE-BACKEND``), the trace and the cost models it was hedged over (the probe's loss,
+    where the run kept one), as ``bench_netns.py`` compiles them."""
+    from pace.io import load_trace
+
+    for path in sorted(directory.glob("*.trace.json.gz")):
+        if path.name.endswith(".probe-loss.trace.json.gz"):
+            continue
+        tag = path.name.removesuffix(".trace.json.gz")
+        probe = path.with_name(f"{tag}.probe-loss.trace.json.gz")
+        yield tag, load_trace(path), [load_trace(probe)] if probe.exists() else []
 
 
 def geomean(xs: Iterable[float]) -> float:

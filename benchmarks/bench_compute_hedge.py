@@ -26,9 +26,9 @@ SCALES = (0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3)
 
 
 def main() -> int:
+    from benchmarks._common import kept_traces
     from pace.cli._output import print_table
     from pace.compiler import apply_what_if, compile_trace
-    from pace.io import load_trace
     from pace.sim import runtime_replay_us
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -37,13 +37,7 @@ def main() -> int:
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     rows = []
-    for path in sorted(args.dir.glob("*.trace.json.gz")):
-        if path.name.endswith(".probe-loss.trace.json.gz"):
-            continue
-        tag = path.name.removesuffix(".trace.json.gz")
-        trace = load_trace(path)
-        probe = path.with_name(f"{tag}.probe-loss.trace.json.gz")
-        hedge = [load_trace(probe)] if probe.exists() else []
+    for tag, trace, hedge in kept_traces(args.dir):
         plain = compile_trace(trace, hedge=hedge, framework=False).schedule
         hedged = compile_trace(
             trace, hedge=hedge, compute_hedge=[args.speedup], framework=False

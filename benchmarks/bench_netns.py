@@ -2159,12 +2159,12 @@ def _say_compute_hedge(mode: str, schedule: Any) -> None:
     if info is None:
         return
     rows = "; ".join(
-        ("the pipeline's" if i == 0 else f"compiled at x{info['speedups'][i - 1]:g}")
+        info["candidates"][i]
         + f": {nominal / 1e3:.1f} ms, "
         + ", ".join(f"x{s:g} {us / 1e3:.1f}" for s, us in zip(info["speedups"], row, strict=True))
         for i, (nominal, row) in enumerate(zip(info["nominal_us"], info["replays_us"], strict=True))
     )
-    shipped = "the pipeline's" if info["chosen"] == 0 else "the one compiled for it"
+    shipped = info["candidates"][info["chosen"]]
     _say(
         f"    {mode}: hedged over compute x{', x'.join(f'{s:g}' for s in info['speedups'])}, "
         f"shipped {shipped} ({len(schedule.units)} units); {rows}"
@@ -2177,8 +2177,12 @@ def _say_hedge(mode: str, schedule: Any) -> None:
     if info is None:
         return
     names = ("calibrated loss", "probe's loss")
+    labels = [
+        f"the {names[m]}" + (", order searched" if searched else "")
+        for m, searched in zip(info["compiled_under"], info["order_searched"], strict=True)
+    ]
     cands = "; ".join(
-        f"compiled under the {names[i]}: "
+        f"compiled under {labels[i]}: "
         + ", ".join(f"{us / 1e3:.1f}" for us in row)
         + f" ms (worst regret {info['regret'][i]:.1%})"
         for i, row in enumerate(info["replays_us"])
@@ -2187,7 +2191,7 @@ def _say_hedge(mode: str, schedule: Any) -> None:
     copy_ms = schedule.cost_model.copy_us_per_byte * last.size_bytes / 1e3 if last.fused else 0.0
     _say(
         f"    {mode}: hedged over the calibrated and the probe's loss, shipped the one compiled "
-        f"under the {names[info['chosen']]} ({len(schedule.units)} units, the last "
+        f"under {labels[info['chosen']]} ({len(schedule.units)} units, the last "
         f"{last.size_bytes / 2**20:.2f} MiB, copied back in {copy_ms:.1f} ms); {cands}"
     )
 

@@ -972,6 +972,16 @@ def _call(argv: list[str]) -> tuple[int | None, str, str, str]:
     return code, out.getvalue(), err.getvalue(), trace
 
 
+def _leaves(v: Any) -> list[Any]:
+    """The values of a timed or sized ``--json`` field: itself, or those of a dict's values or a
+    list's items, nested (e.g. ``compute_hedge.replays_us``, a list of lists)."""
+    if isinstance(v, dict):
+        return [x for item in v.values() for x in _leaves(item)]
+    if isinstance(v, list):
+        return [x for item in v for x in _leaves(item)]
+    return [v]
+
+
 def _finite_numbers(obj: Any, where: str = "") -> str:
     """The path of the first number in ``--json`` output that is not a finite number >= 0
     where a time or a size is expected, else ''."""
@@ -987,8 +997,7 @@ def _finite_numbers(obj: Any, where: str = "") -> str:
             absent = k in ("current_us", "framework_us") and v is None
             timed = (str(k).endswith("_us") and not absent) or where.endswith(".baselines")
             sized = str(k).endswith("_bytes") and v is not None
-            values = list(v.values()) if isinstance(v, dict) else [v]  # e.g. replayed_us
-            for x in values if timed or sized else ():
+            for x in _leaves(v) if timed or sized else ():  # e.g. replayed_us, after_us
                 if not (isinstance(x, int | float) and 0 <= x < math.inf):
                     return f"{where}.{k} = {v!r}"
             # Ratios: print_json writes a NaN or an infinity as null.

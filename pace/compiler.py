@@ -10,11 +10,13 @@ for), ``pace.lp.lower_bound_us`` and ``pace.sim.compare`` for the baselines, all
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pace.errors import InputError, SolverError
 from pace.hedge import check_alternatives, least_regret, regrets, robust_to_compute
@@ -409,10 +411,12 @@ def issue_order_problem(schedule: Schedule, unit_start_us: Sequence[float]) -> s
 
 
 def _hedged(
-    models: Sequence[Trace], candidates: Sequence[tuple[Schedule, FusionPlan]]
+    models: Sequence[Trace],
+    candidates: Sequence[tuple[Schedule, FusionPlan]],
+    under: Sequence[int],
 ) -> tuple[Schedule, FusionPlan]:
-    """The candidate (compiled under ``models[i]``) with the least worst regret over the
-    models; its prediction is its replay under ``models[0]``."""
+    """The candidate (``candidates[i]`` compiled under ``models[under[i]]``) with the least
+    worst regret over the models; its prediction is its replay under ``models[0]``."""
     from pace.io import trace_digest
     from pace.sim import schedule_policy, simulate
 
@@ -423,6 +427,8 @@ def _hedged(
     sched, plan = candidates[pick]
     info = {
         "models": len(models),
+        "compiled_under": list(under),
+        "order_searched": ["order_search" in s.meta and s.in_order for s, _ in candidates],
         "chosen": pick,
         "replays_us": replays,
         "regret": regrets(replays),
@@ -446,11 +452,13 @@ def _compute_hedged(
     robust: bool,
     tol: float,
     warnings: list[str],
+    search: Callable[[Schedule], Schedule] | None = None,
 ) -> tuple[Schedule, FusionPlan]:
     """``chosen`` (in issue order), or a schedule compiled for one of ``worlds`` (``compiled``
     with its compute each speed-up times faster) that replays no more than ``tol`` slower on
     ``compiled`` and loses least where the compute runs at those speeds
-    (``pace.hedge.robust_to_compute``).
+    (``pace.hedge.robust_to_compute``). ``search`` (the order search): each compiled
+    schedule is a candidate as numbered on its world and as its order search leaves it.
 
     Every candidate is replayed as the runtime runs it: issued strictly in priority order
     (``in_order``), numbered by its start order on the trace it was compiled for
@@ -459,16 +467,26 @@ def _compute_hedged(
 
     alt_warnings: list[list[str]] = [[] for _ in worlds]
     candidates = [chosen]
-    for (_, world), ws in zip(worlds, alt_warnings, strict=True):
+    labels = ["the pipeline's"]
+    warned_by: list[list[str]] = [[]]
+    for (speedup, world), ws in zip(worlds, alt_warnings, strict=True):
         sched, plan = _fuse_and_schedule(
             world, fusion=fusion, solver=solver, robust=robust, tol=tol, stages={}, warnings=ws
         )
-        candidates.append((in_issue_order(sched, world), plan))
+        numbered = in_issue_order(sched, world)
+        candidates.append((numbered, plan))
+        labels.append(f"compiled at x{speedup:g}")
+        warned_by.append(ws)
+        if search is not None and (searched := search(numbered)).units != numbered.units:
+            candidates.append((searched, plan))
+            labels.append(f"compiled at x{speedup:g}, order searched")
+            warned_by.append(ws)
     nominal = [runtime_replay_us(compiled, s) for s, _ in candidates]
     replays = [[runtime_replay_us(w, s) for _, w in worlds] for s, _ in candidates]
     pick = robust_to_compute(nominal, replays, tolerance=tol)
     info = {
         "speedups": [float(s) for s, _ in worlds],
+        "candidates": labels,
         "tolerance": tol,
         "chosen": pick,
         "nominal_us": nominal,
@@ -479,7 +497,7 @@ def _compute_hedged(
         return dataclasses.replace(
             incumbent, meta={**incumbent.meta, "compute_hedge": info}
         ), chosen[1]
-    warnings.extend(alt_warnings[pick - 1])
+    warnings.extend(warned_by[pick])
     sched, plan = candidates[pick]
     kept = {k: incumbent.meta[k] for k in ("hedge",) if k in incumbent.meta}
     # The trace's digest and cost model, not the scaled world's it was compiled on; numbered
@@ -493,6 +511,58 @@ def _compute_hedged(
         in_order=True,
         meta={**sched.meta, **kept, "compute_hedge": info},
     ), plan
+
+
+ORDER_SEARCH_MAX_UNITS = 64
+"""Schedules with more units keep their order: the search tries every single move (units
+squared per pass), each one replay of the iteration."""
+
+ORDER_SEARCH_BUDGET = 1000
+"""Replays the order search may spend (about 1 s on a 40-unit schedule of a 1,500-op trace)."""
+
+
+def _order_searched(compiled: Trace, judges: Sequence[Trace], sched: Schedule) -> Schedule:
+    """``sched`` with the issue order ``pace.order_search.descend`` finds from its own under
+    the runtime's strict-order replay on ``compiled``, no move slower on any of ``judges``
+    (the hedged cost models); renumbered and marked ``in_order`` where
+    it changed (the prediction is then that replay: the contract's work-conserving replay
+    would send a held-back unit early)."""
+    from pace.order_search import descend
+    from pace.sim import runtime_replay_us
+
+    units = sched.units
+    if len(units) > ORDER_SEARCH_MAX_UNITS:
+        info: dict[str, Any] = {
+            "skipped": f"{len(units)} units, over {ORDER_SEARCH_MAX_UNITS}: the order is kept"
+        }
+        return dataclasses.replace(sched, meta={**sched.meta, "order_search": info})
+
+    def numbered(order: Sequence[int]) -> Schedule:
+        rank = {u: float(pos) for pos, u in enumerate(order)}
+        renumbered = (dataclasses.replace(x, priority=rank[u]) for u, x in enumerate(units))
+        return dataclasses.replace(sched, units=tuple(renumbered))
+
+    result = descend(
+        sorted(range(len(units)), key=lambda u: (units[u].priority, u)),
+        lambda order: runtime_replay_us(compiled, numbered(order)),
+        others=lambda order: [runtime_replay_us(j, numbered(order)) for j in judges],
+        budget=ORDER_SEARCH_BUDGET,
+    )
+    info = {
+        "moves": result.moves,
+        "replays": result.evaluations,
+        "local_optimum": not result.exhausted,
+        "before_us": [result.start_objective, *result.start_others],
+        "after_us": [result.objective, *result.others],
+    }
+    if result.moves == 0:
+        return dataclasses.replace(sched, meta={**sched.meta, "order_search": info})
+    return dataclasses.replace(
+        numbered(result.order),
+        in_order=True,
+        predicted_iteration_us=result.objective,
+        meta={**sched.meta, "order_search": info},
+    )
 
 
 def compile_trace(
@@ -511,6 +581,7 @@ def compile_trace(
     compute_hedge: Sequence[float] = (),
     framework: bool = True,
     framework_margin: float | None = None,
+    order_search: bool = True,
 ) -> CompileResult:
     """Fuse, schedule and measure ``trace`` (see the module docstring).
 
@@ -548,6 +619,12 @@ def compile_trace(
     runtime then trains with that path; the units and their prediction stay),
     ``meta.framework`` holding both predictions and the margin; ``False``: never
     (``--no-framework``). Either way ``framework_us`` is that path's prediction.
+    ``order_search`` (default on; ``--no-order-search``): the chosen schedule's issue order is
+    searched under the runtime's strict-order replay, a move kept only where it is faster on
+    the trace and no slower under every ``hedge`` model (``pace.order_search``); a changed
+    order ships with ``in_order`` and its runtime-order replay as the prediction. With
+    ``compute_hedge`` each schedule compiled at a hedged speed is a candidate as numbered
+    there and as searched. ``meta.order_search`` records it.
 
     >>> from pace.synth import random_trace
     >>> r = compile_trace(random_trace(seed=2, n_layers=5, alpha_us=30.0))
@@ -641,19 +718,21 @@ def compile_trace(
                 )
                 plan = nominal_plan
                 warnings.extend(nominal_warnings)
+    # The other cost models, as compiled: the hedge chooses on them and the order search keeps
+    # no move that is slower on one.
+    alternatives = [
+        apply_what_if(
+            alt,
+            bandwidth_gbps=bandwidth_gbps,
+            workers=workers,
+            compute_speedup=compute_speedup,
+            mode=mode,
+        )
+        for alt in hedge
+    ]
     if hedge:
         t = time.perf_counter()
-        models = [compiled]
-        models += [
-            apply_what_if(
-                alt,
-                bandwidth_gbps=bandwidth_gbps,
-                workers=workers,
-                compute_speedup=compute_speedup,
-                mode=mode,
-            )
-            for alt in hedge
-        ]
+        models = [compiled, *alternatives]
         # Each alternative's own warnings (a solver fallback, ...) count if its schedule ships.
         alt_warnings: list[list[str]] = [[] for _ in hedge]
         others = [
@@ -662,12 +741,34 @@ def compile_trace(
             )
             for m, w in zip(models[1:], alt_warnings, strict=True)
         ]
-        sched, plan = _hedged(models, [(sched, plan), *others])
-        if (pick := sched.meta["hedge"]["chosen"]) > 0:
+        candidates = [(sched, plan), *others]
+        under = list(range(len(models)))
+        if order_search:
+            # Each model's schedule also as its own compile would ship it, its order searched
+            # under that model, so the hedge weighs what each alone would give; the unsearched
+            # one stays a candidate (in the strict order a searched schedule is less adaptive
+            # under another model than the contract's replay of the unsearched one).
+            for i, (m, (s, p)) in enumerate(zip(models, list(candidates), strict=True)):
+                searched = _order_searched(m, (), in_issue_order(s, m))
+                if searched.meta["order_search"].get("moves"):
+                    candidates.append((searched, p))
+                    under.append(i)
+        sched, plan = _hedged(models, candidates, under)
+        if (pick := under[sched.meta["hedge"]["chosen"]]) > 0:
             warnings.extend(alt_warnings[pick - 1])
         stages["hedge"] = time.perf_counter() - t
         compile_seconds += stages["hedge"]
+    # (A schedule whose order was searched is in the runtime's order already: left as it is.)
     sched = in_issue_order(sched, compiled)
+    # The order search, judged on the trace and under every hedged cost model (so the cost
+    # hedge's choice is not undone), applied to the pipeline's choice and to each schedule the
+    # compute hedge weighs, which then chooses among them as among any candidates.
+    search = functools.partial(_order_searched, compiled, alternatives) if order_search else None
+    if search is not None:
+        t = time.perf_counter()
+        sched = search(sched)
+        stages["order_search"] = time.perf_counter() - t
+        compile_seconds += stages["order_search"]
     # The trace with its compute at each hedged speed: the schedules are chosen on them, and
     # the framework's path is weighed on the same.
     worlds = [(s, apply_what_if(compiled, compute_speedup=s)) for s in compute_hedge]
@@ -682,6 +783,7 @@ def compile_trace(
             robust=robust_on,
             tol=tol,
             warnings=warnings,
+            search=search,
         )
         stages["compute_hedge"] = time.perf_counter() - t
         compile_seconds += stages["compute_hedge"]

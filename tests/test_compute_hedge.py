@@ -105,8 +105,10 @@ def _flip() -> Trace:
 
 def test_a_schedule_as_fast_on_the_trace_and_faster_at_the_speed_ships(tmp_path: Path) -> None:
     trace = _flip()
-    plain = compile_trace(trace, framework=False)
-    hedged = compile_trace(trace, framework=False, compute_hedge=[2.0])
+    # The compute hedge alone: the order search (on by default) finds the hedged schedule's
+    # order from the pipeline's here too (tests/test_order_search.py covers it).
+    plain = compile_trace(trace, framework=False, order_search=False)
+    hedged = compile_trace(trace, framework=False, compute_hedge=[2.0], order_search=False)
     info = hedged.schedule.meta["compute_hedge"]
     assert info["chosen"] == 1
     world = apply_what_if(trace, compute_speedup=2.0)
@@ -116,7 +118,8 @@ def test_a_schedule_as_fast_on_the_trace_and_faster_at_the_speed_ships(tmp_path:
     # The schedule is the trace's: it validates against the trace file, not the scaled world.
     trace_path, out = tmp_path / "t.json", tmp_path / "s.json"
     save_trace(trace, trace_path)
-    assert main(["compile", str(trace_path), "-o", str(out), "--hedge-compute", "2"]) == 0
+    argv = ["compile", str(trace_path), "-o", str(out), "--hedge-compute", "2"]
+    assert main([*argv, "--no-order-search"]) == 0
     assert load_schedule(out).meta["compute_hedge"]["chosen"] == 1
     assert main(["validate", str(out), "--trace", str(trace_path)]) == 0
 
@@ -130,16 +133,22 @@ def test_compute_speedups_must_be_finite_and_positive(bad: float) -> None:
 def test_cli_prints_the_compute_hedge(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace_path, out = tmp_path / "t.json", tmp_path / "s.json"
     save_trace(_flip(), trace_path)
-    argv = ["compile", str(trace_path), "-o", str(out), "--hedge-compute", "2"]
+    argv = ["compile", str(trace_path), "-o", str(out), "--hedge-compute", "2", "--no-order-search"]
     assert main([*argv, "--hedge-compute", "1.5", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)["compute_hedge"]
     assert info["speedups"] == [2.0, 1.5]
+    assert info["candidates"] == ["the pipeline's", "compiled at x2", "compiled at x1.5"]
     assert len(info["replays_us"]) == 3
     assert all(len(row) == 2 for row in info["replays_us"])
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "compute hedge" in text
     assert "* compiled at x2" in text
+    # With the order search each compiled schedule is also a candidate as it leaves it.
+    assert main([*argv[:-1], "--json"]) == 0
+    labels = json.loads(capsys.readouterr().out)["compute_hedge"]["candidates"]
+    assert labels[:2] == ["the pipeline's", "compiled at x2"]
+    assert set(labels[2:]) <= {"compiled at x2, order searched"}
 
 
 @pytest.mark.parametrize("bad", ["nan", "0", "-2", "inf", "x"])
@@ -165,7 +174,7 @@ def test_cli_refuses_a_bad_speed_naming_the_flag(
 def test_a_compute_hedged_schedule_says_its_prediction_is_in_the_runtimes_order() -> None:
     trace = _flip()
     hedged = compile_trace(trace, framework=False, compute_hedge=[2.0]).schedule
-    plain = compile_trace(trace, framework=False, compute_hedge=[1.0]).schedule
+    plain = compile_trace(trace, framework=False, compute_hedge=[1.0], order_search=False).schedule
     # Numbered in its start order on the scaled trace, its contract replay on the trace would
     # send a ready later unit first; the file says its prediction is the runtime's order.
     assert hedged.in_order

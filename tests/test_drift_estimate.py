@@ -422,7 +422,9 @@ def test_the_running_schedules_own_prediction_is_a_fixed_point() -> None:
     assert naive.forward_scale > 1.2
     assert naive.backward_scale > 1.2
     twice = simulate(apply_estimate(trace, naive), schedule_policy(sched)).iteration_us
-    assert twice > 1.1 * iteration_us
+    # Charged twice, the replay is 7.5% slower (the compiled order holds back one unit: it was
+    # over 10% before the order search, which makes the schedule less sensitive to compute).
+    assert twice > 1.05 * iteration_us
 
 
 @settings(max_examples=40, deadline=None)

@@ -106,6 +106,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="ship the units only where they replay at least this fraction faster than the "
         "framework's own path; else train with the path (default 0.05: the model's accuracy)",
     )
+    p.add_argument(
+        "--no-order-search",
+        action="store_true",
+        help="ship the units in the order the schedule's replay starts them; by default that "
+        "order is searched under the runtime's strict-order replay (docs/scheduling.md, "
+        "section 13)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -141,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         compute_hedge=args.hedge_compute,
         framework=not args.no_framework,
         framework_margin=args.framework_margin,
+        order_search=not args.no_order_search,
     )
     save_schedule(result.schedule, args.output)
     for w in result.warnings:
@@ -175,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
                 "robust": result.schedule.meta.get("robust"),
                 "hedge": result.schedule.meta.get("hedge"),
                 "compute_hedge": result.schedule.meta.get("compute_hedge"),
+                "order_search": result.schedule.meta.get("order_search"),
                 "framework": result.schedule.framework,
                 "framework_us": result.framework_us,
                 "cost_model": {
@@ -228,16 +237,20 @@ def run(args: argparse.Namespace) -> int:
     )
     if hedge := result.schedule.meta.get("hedge"):
         names = [str(args.trace), *args.hedge]
+        labels = [
+            names[m] + (" (order searched)" if searched else "")
+            for m, searched in zip(hedge["compiled_under"], hedge["order_searched"], strict=True)
+        ]
         print_table(
             "hedge: each model's schedule replayed under every model (us)",
             ["compiled under", *names, "worst regret"],
             [
-                [f"{'* ' if i == hedge['chosen'] else ''}{names[i]}", *row, f"{r:.2%}"]
+                [f"{'* ' if i == hedge['chosen'] else ''}{labels[i]}", *row, f"{r:.2%}"]
                 for i, (row, r) in enumerate(zip(hedge["replays_us"], hedge["regret"], strict=True))
             ],
         )
     if ch := result.schedule.meta.get("compute_hedge"):
-        labels = ["the pipeline's", *(f"compiled at x{s:g}" for s in ch["speedups"])]
+        labels = ch["candidates"]
         print_table(
             "compute hedge: each schedule replayed on the trace and with the compute X times "
             f"faster (us; admissible within {ch['tolerance']:.2%} on the trace)",
@@ -248,6 +261,11 @@ def run(args: argparse.Namespace) -> int:
                     zip(labels, ch["nominal_us"], ch["replays_us"], strict=True)
                 )
             ],
+        )
+    if (order := result.schedule.meta.get("order_search")) and order.get("moves"):
+        sys.stdout.write(
+            f"issue order searched: {order['moves']} moves, {order['before_us'][0]:.1f} -> "
+            f"{order['after_us'][0]:.1f} us in the runtime's order ({order['replays']} replays)\n"
         )
     return 0
 
