@@ -385,9 +385,14 @@ def in_issue_order(schedule: Schedule, trace: Trace) -> Schedule:
     from pace.sim import schedule_policy, simulate
 
     order = _start_order(schedule, simulate(trace, schedule_policy(schedule)).unit_start_us)
-    rank = {u: float(pos) for pos, u in enumerate(order)}
-    if all(schedule.units[u].priority == rank[u] for u in order):
+    if all(schedule.units[u].priority == float(pos) for pos, u in enumerate(order)):
         return schedule
+    return _numbered(schedule, order)
+
+
+def _numbered(schedule: Schedule, order: Sequence[int]) -> Schedule:
+    """``schedule`` with its units' priorities 0, 1, ... in ``order`` (unit indices)."""
+    rank = {u: float(pos) for pos, u in enumerate(order)}
     units = tuple(
         dataclasses.replace(unit, priority=rank[u]) for u, unit in enumerate(schedule.units)
     )
@@ -537,10 +542,7 @@ def _order_searched(compiled: Trace, judges: Sequence[Trace], sched: Schedule) -
         }
         return dataclasses.replace(sched, meta={**sched.meta, "order_search": info})
 
-    def numbered(order: Sequence[int]) -> Schedule:
-        rank = {u: float(pos) for pos, u in enumerate(order)}
-        renumbered = (dataclasses.replace(x, priority=rank[u]) for u, x in enumerate(units))
-        return dataclasses.replace(sched, units=tuple(renumbered))
+    numbered = functools.partial(_numbered, sched)
 
     result = descend(
         sorted(range(len(units)), key=lambda u: (units[u].priority, u)),
