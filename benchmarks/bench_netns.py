@@ -1131,6 +1131,47 @@ def in_job(trace: Any, local_ms: float) -> Any:
     return dataclasses.replace(faster, meta={**faster.meta, "optimizer_us": step_us * scale})
 
 
+def reshaped(trace: Any, local_ms: float, ready_ms: Sequence[float]) -> Any:
+    """``trace`` in the shape of the compute a job's `local` run measured: its backward warped
+    (``pace.drift.estimate.warp_backward``) so that its k-th gradient is ready when `local`
+    marked its k-th (``ready_ms``, from ``local_ready_ms``: the slower rank's, as the channel
+    waits for it), its forward and step scaled so that compute alone takes ``local_ms``, then
+    all of it scaled back to the trace's own compute (``in_job`` scales it to each launch's).
+
+    ``in_job`` alone keeps the profile's shape, and the job's is another: beside the other rank
+    on the cores the last convolutions' backward (the first 28 MiB of gradients, where the
+    schedules start) took 1.2-1.6x their share of the profile, the forward 0.85-0.9x, so the
+    replay had the largest gradients ready 10-20 ms early and missed the channel's idle head by
+    that (2026-11-27, docs/results.md). The trace is returned unchanged where the curve does
+    not hold one time per tensor or the backward alone takes ``local_ms``."""
+    from scipy.optimize import brentq
+
+    from pace.drift.estimate import phase_scaled_ops, trace_spans, warp_backward
+
+    if len(ready_ms) != len(trace.tensors):
+        return trace
+    ideal = trace_spans(trace).ready_us
+    order = sorted(ideal, key=ideal.__getitem__)  # the order the gradients become ready
+    warped = warp_backward(trace, {n: ms * 1e3 for n, ms in zip(order, ready_ms, strict=True)})
+    step_us = _step_us(trace)
+
+    def with_forward(scale: float) -> Any:
+        ops = phase_scaled_ops(warped, forward_scale=scale, backward_scale=1.0)
+        meta = {**warped.meta, "optimizer_us": step_us * scale}
+        return dataclasses.replace(warped, ops=ops, meta=meta)
+
+    def miss_us(scale: float) -> float:
+        return _compute_us(with_forward(scale)) - local_ms * 1e3
+
+    if miss_us(0.0) >= 0.0:
+        return trace
+    hi = 1.0
+    while miss_us(hi) < 0.0:
+        hi *= 2.0
+    shaped = with_forward(float(brentq(miss_us, 0.0, hi, xtol=1e-9)))
+    return in_job(shaped, _compute_us(trace) / 1e3)
+
+
 def simulate_in_job(
     trace: Any,
     schedule: Any,
@@ -1251,6 +1292,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     # again; vanilla gets what the launch measured of it too (``fit_calibration``).
                     runtime_term = terms["*"]
                     job_local_ms: dict[str, float] = {}  # the calibration run's compute
+                    shaped = trace  # the compute's shape: the profile's, or the job's
                     as_run = AsRun(terms=terms)
                     cal: Calibration | None = None
                     if args.handoff or args.report_handoff:
@@ -1263,6 +1305,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                             runtime_term = cal.as_run.terms["pace"]
                             as_run = dataclasses.replace(cal.as_run, terms=terms | cal.as_run.terms)
                             job_local_ms = _local_ms(cal.periods)
+                            shaped = cal.trace
                             _say(
                                 "    compute in the calibration run / in the profile: "
                                 f"{job_local_ms['local'] * 1e3 / _compute_us(trace):.3f}"
@@ -1270,7 +1313,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     # The compiler sees the link as it is, interference included; with
                     # --handoff, the compute as the job measured it (two ranks on the cores,
                     # the backend idling beside them), not as one process alone did.
-                    job = in_job(trace, job_local_ms["local"]) if job_local_ms else trace
+                    job = in_job(shaped, job_local_ms["local"]) if job_local_ms else trace
                     compiled = dataclasses.replace(
                         job,
                         comm=dataclasses.replace(
@@ -1324,7 +1367,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                         sims = of_programs(
                             functools.partial(
                                 simulate_in_job,
-                                trace,
+                                shaped,
                                 backend=backend,
                                 as_run=as_run,
                                 local_ms=job_local_ms,
@@ -1352,7 +1395,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     calibrated = of_programs(
                         functools.partial(
                             launch_calibrated_ms,
-                            trace,
+                            shaped,
                             backend=backend,
                             as_run=as_run,
                             measured=measured,
@@ -1729,16 +1772,17 @@ def measured_idle(
     )
 
 
-def local_backward_ms(
+def local_ready_ms(
     marks: Sequence[Sequence[Sequence[float]]],
     grads: Sequence[Sequence[float]],
     per_block: int,
     count: int,
-) -> float | None:
-    """How long `local`'s backward took to mark ``count`` gradients ready after its forward's
-    end: per iteration the slower rank's (``slower_rank``), the median over the iterations
-    ``measured_idle`` counts; None where none had that many. ``marks``, ``grads`` (sorted):
-    every rank's, as the runtime's monitor gives them (the worker logs `local`'s too)."""
+) -> list[float] | None:
+    """How long `local`'s backward took to mark 1, 2, ... ``count`` gradients ready after its
+    forward's end: per iteration and gradient the slower rank's (the channel waits for the
+    later one), the median over the iterations ``measured_idle`` counts; None where none had
+    that many. ``marks``, ``grads`` (sorted): every rank's, as the runtime's monitor gives them
+    (the worker logs `local`'s too)."""
     if count < 1:
         return None
     per_iteration = []
@@ -1750,10 +1794,23 @@ def local_backward_ms(
             first = bisect.bisect_right(g, m[it][1])
             if first + count > len(g) or g[first + count - 1] > m[it][2]:
                 break  # fewer than ``count`` gradients before this backward's end
-            took.append(g[first + count - 1] - m[it][1])
+            took.append([t - m[it][1] for t in g[first : first + count]])
         else:
-            per_iteration.append(max(took))
-    return statistics.median(per_iteration) * 1e3 if per_iteration else None
+            per_iteration.append([max(ranks) for ranks in zip(*took, strict=True)])
+    if not per_iteration:
+        return None
+    return [statistics.median(k) * 1e3 for k in zip(*per_iteration, strict=True)]
+
+
+def local_backward_ms(
+    marks: Sequence[Sequence[Sequence[float]]],
+    grads: Sequence[Sequence[float]],
+    per_block: int,
+    count: int,
+) -> float | None:
+    """``local_ready_ms``'s last: `local`'s backward to ``count`` gradients."""
+    ready = local_ready_ms(marks, grads, per_block, count)
+    return ready[-1] if ready else None
 
 
 def _idle_of(prefix: Path, per_block: int, local: Path | None = None) -> IdleSplit | None:
@@ -1827,6 +1884,9 @@ class Calibration:
     # The link's cost model as the launch's units measured it (``_fit_channel``: the probe's,
     # its alpha lowered where the units took less); None: the probe's.
     comm: Any = None
+    # The trace (with ``comm``) in the shape of the launch's `local` compute (``reshaped``),
+    # what the compiler and the predictions take from this launch on; None: the profile's.
+    trace: Any = None
 
 
 def calibrate_handoff(
@@ -1897,8 +1957,44 @@ def calibrate_handoff(
         steps_us=steps_us,
         forwards_over_us=forwards_over_us,
     )
-    fitted = fit_calibration(trace, (first, first_sync), backend, base, periods)
-    return dataclasses.replace(fitted, schedules=(first, first_sync), comm=comm)
+    shaped = job_shaped(trace, Path(f"{out}.local"), periods)
+    fitted = fit_calibration(shaped, (first, first_sync), backend, base, periods)
+    return dataclasses.replace(fitted, schedules=(first, first_sync), comm=comm, trace=shaped)
+
+
+def job_shaped(trace: Any, local: Path, periods: dict[str, list[float]]) -> Any:
+    """``trace`` in the shape of a launch's `local` compute (``reshaped``; ``local``: the
+    prefix of its logs, ``periods``: the launch's), and said; unchanged, and said, where the
+    logs do not hold every gradient of an iteration."""
+    from pace.drift.estimate import trace_spans
+
+    local_ms = _local_ms(periods)["local"]
+    ready = (
+        local_ready_ms(
+            *_marks_and_grads(local, RANKS),
+            iterations_per_block(HANDOFF_STEPS),
+            len(trace.tensors),
+        )
+        if Path(f"{local}.grads.rank0").exists()
+        else None
+    )
+    shaped = reshaped(trace, local_ms, ready) if ready else trace
+    if shaped is trace:
+        _say("    the backward's shape: the profile's (`local` did not log every gradient)")
+        return trace
+    was, now = (trace_spans(in_job(t, local_ms)) for t in (trace, shaped))
+    ratios = [
+        now.ready_us[n] / t
+        for n, t in sorted(was.ready_us.items(), key=lambda kv: kv[1])
+        if t > 0.02 * was.backward_us
+    ]
+    forward = now.forward_us / was.forward_us
+    _say(
+        "    the backward's shape in `local` (each gradient on the slower rank): ready at "
+        f"x{min(ratios):.2f}-x{max(ratios):.2f} the profile's scaled to `local` (the first "
+        f"past 2% of the backward x{ratios[0]:.2f}); the forward x{forward:.2f}"
+    )
+    return shaped
 
 
 def repeat_ms(cal: Calibration, schedules: dict[str, Any]) -> dict[str, float]:

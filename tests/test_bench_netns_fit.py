@@ -552,6 +552,52 @@ def test_local_backward_is_the_slower_ranks_time_to_as_many_gradients() -> None:
     # More gradients than a backward marks, or none: nothing to compare.
     assert bench_netns.local_backward_ms(marks, grads, per_block, 4) is None
     assert bench_netns.local_backward_ms(marks, grads, per_block, 0) is None
+    # Every count at once, each gradient the later rank's: the curve ``reshaped`` takes.
+    curve = bench_netns.local_ready_ms(marks, grads, per_block, 3)
+    assert curve == pytest.approx([150.0, got, 600.0])
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    local_ms=st.floats(50.0, 1e4),
+    share=st.floats(0.3, 0.8),
+    bends=st.lists(st.floats(0.2, 5.0), min_size=1, max_size=6),
+)
+def test_the_job_shaped_trace_has_the_jobs_gradient_times(
+    vgg: tuple[Trace, Interference, tuple[object, object]],
+    local_ms: float,
+    share: float,
+    bends: list[float],
+) -> None:
+    """Scaled to the `local` it was shaped on, the trace computes for as long as `local` did
+    and marks its k-th gradient when `local` marked its k-th: the backward bent anywhere,
+    its share of `local` anything; the forward and the step share the rest in the profile's
+    proportion. Shaped on a curve that cannot be placed, it stays the profile's."""
+    from pace.drift.estimate import trace_spans
+
+    trace, _, _ = vgg
+    ideal = sorted(trace_spans(trace).ready_us.values())
+    # A monotone curve through the trace's own ready times, bent per stretch of gradients.
+    ready, t, last = [], 0.0, 0.0
+    for k, x in enumerate(ideal):
+        t += (x - last) * bends[k * len(bends) // len(ideal)]
+        ready.append(t)
+        last = x
+    ready = [r * share * local_ms / ready[-1] for r in ready]
+    shaped = bench_netns.reshaped(trace, local_ms, ready)
+    assert bench_netns._compute_us(shaped) == pytest.approx(bench_netns._compute_us(trace))
+    in_job = bench_netns.in_job(shaped, local_ms)
+    assert bench_netns._compute_us(in_job) == pytest.approx(local_ms * 1e3, rel=1e-6)
+    got = sorted(trace_spans(in_job).ready_us.values())
+    assert got == pytest.approx([r * 1e3 for r in ready], rel=1e-6, abs=1e-3)
+    assert shaped.tensors == trace.tensors
+    assert shaped.comm == trace.comm
+    # The forward and the step: one factor between them, as in the profile.
+    fw = sum(o.duration_us for o in in_job.ops if o.phase == "forward")
+    fw0 = sum(o.duration_us for o in trace.ops if o.phase == "forward")
+    assert in_job.meta["optimizer_us"] / fw == pytest.approx(trace.meta["optimizer_us"] / fw0)
+    assert bench_netns.reshaped(trace, local_ms, ready[:-1]) is trace
+    assert bench_netns.reshaped(trace, ready[-1] / 2, ready) is trace  # backward over `local`
 
 
 def test_marks_that_are_not_whole_blocks_are_refused() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 from pathlib import Path
@@ -20,6 +21,7 @@ from pace.drift.estimate import (
     estimate,
     reestimate,
     trace_spans,
+    warp_backward,
 )
 from pace.drift.monitor import Monitor
 from pace.errors import InputError
@@ -491,3 +493,82 @@ def test_recompile_compares_with_the_running_schedule() -> None:
     assert got.estimate.backward_scale == pytest.approx(1.0, rel=1e-9)
     assert got.current_us == pytest.approx(iteration_us, rel=1e-6)
     assert got.switch is False
+
+
+# ---------------------------------------------------------------------------------------------
+# warp_backward: the backward in the shape the job measured
+
+
+def _ready_in_order(trace: Trace) -> list[tuple[str, float]]:
+    ready = trace_spans(trace).ready_us
+    return sorted(ready.items(), key=lambda kv: kv[1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    steps=st.lists(st.floats(0.0, 5.0), min_size=40, max_size=40),
+)
+def test_warp_puts_each_gradient_where_observed(seed: int, steps: list[float]) -> None:
+    """On a trace whose backward is a chain (one op after the other: every real sequential
+    model's), each observed gradient is ready exactly when observed; the forward, the
+    tensors and the link are the trace's; the map is monotone, so no duration is negative."""
+    trace = random_trace(seed=seed, n_layers=8, skip_prob=0.0, ops_per_layer=2)
+    order = _ready_in_order(trace)
+    observed: dict[str, float] = {}
+    t = 0.0
+    for (name, ideal), step in zip(order, steps, strict=False):
+        # Ties (one op making several tensors) must be observed together on a chain.
+        if observed and ideal == order[len(observed) - 1][1]:
+            observed[name] = t
+            continue
+        t += step * max(ideal, 1.0) / len(order) + 1e-3
+        observed[name] = t
+    warped = warp_backward(trace, observed)
+    got = trace_spans(warped).ready_us
+    for name, want in observed.items():
+        assert got[name] == pytest.approx(want, rel=1e-9, abs=1e-6)
+    assert all(op.duration_us >= 0 for op in warped.ops)
+    assert [o for o in warped.ops if o.phase != "backward"] == [
+        o for o in trace.ops if o.phase != "backward"
+    ]
+    assert (warped.tensors, warped.comm) == (trace.tensors, trace.comm)
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=traces(), factor=st.floats(0.1, 10.0))
+def test_a_uniform_observation_is_a_phase_scale(trace: Trace, factor: float) -> None:
+    """Observed at ``factor`` times the ideal ready times, on any DAG, every backward op takes
+    ``factor`` times as long: the per-phase estimate's backward scale, and the warp agrees."""
+    observed = {n: factor * t for n, t in trace_spans(trace).ready_us.items()}
+    warped = warp_backward(trace, observed)
+    for was, now in zip(trace.ops, warped.ops, strict=True):
+        scale = factor if was.phase == "backward" else 1.0
+        assert now.duration_us == pytest.approx(was.duration_us * scale, rel=1e-9, abs=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=traces(), noise=st.lists(st.floats(0.2, 5.0), min_size=1, max_size=200))
+def test_noisy_observations_keep_the_gradients_order(trace: Trace, noise: list[float]) -> None:
+    """Observations out of order (noise: a later gradient seen earlier) are fitted monotone
+    (isotonic): no duration goes negative and no gradient overtakes one the trace makes first."""
+    ideal = trace_spans(trace).ready_us
+    observed = {n: t * noise[i % len(noise)] for i, (n, t) in enumerate(ideal.items())}
+    warped = warp_backward(trace, observed)
+    assert all(op.duration_us >= 0 for op in warped.ops)
+    got = trace_spans(warped).ready_us
+    by_ideal = sorted(ideal, key=ideal.__getitem__)
+    assert all(got[a] <= got[b] + 1e-6 for a, b in itertools.pairwise(by_ideal))
+
+
+def test_warp_refuses_what_it_cannot_place() -> None:
+    trace = random_trace(seed=3)
+    name = trace.tensors[0].name
+    with pytest.raises(InputError, match="no tensor 'nope'") as unknown:
+        warp_backward(trace, {"nope": 1.0})
+    assert unknown.value.field == "ready_us['nope']"
+    for bad in (-1.0, float("nan"), "1"):
+        with pytest.raises(InputError) as err:
+            warp_backward(trace, {name: bad})  # type: ignore[dict-item]
+        assert err.value.field == f"ready_us[{name!r}]"
+    assert warp_backward(trace, {}) is trace

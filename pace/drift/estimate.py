@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pace.analysis import analyze
-from pace.checks import is_number, require_int
+from pace.checks import is_number, require_int, require_number
 from pace.errors import InputError
 from pace.ir import CommModel, Op, Schedule, Trace
 
@@ -48,6 +48,7 @@ __all__ = [
     "reestimate",
     "replayed_spans",
     "trace_spans",
+    "warp_backward",
 ]
 
 OBSERVED_FORMAT = "pace.observed"
@@ -241,6 +242,63 @@ def trace_spans(trace: Trace) -> TraceSpans:
         forward_us=(max(an.ef_us[i] for i in fw) - min(an.es_us[i] for i in fw)) if fw else 0.0,
         ready_us=dict(zip(an.tensor_names, an.release_us, strict=True)),
     )
+
+
+def warp_backward(trace: Trace, ready_us: Mapping[str, float]) -> Trace:
+    """``trace`` with its backward ops stretched so that the gradients become ready when
+    ``ready_us`` observed them (per tensor name, from the start of the backward pass).
+
+    A scale per phase (:func:`estimate`) keeps the profile's shape of the backward. That
+    shape does not survive a shared machine: beside another rank on the cores, VGG's late
+    convolutions (few pixels, 9 MiB of weights each: the gradients a schedule sends first)
+    ran 1.2-1.6x the profile's time relative to the rest of the backward, the early ones
+    0.9x (benchmarks/bench_netns.py, docs/results.md), so the replay had the largest
+    gradients ready tens of milliseconds early. The warp is a monotone piecewise-linear map
+    of time, anchored at ``(0, 0)`` and at each observed tensor's (ideal ready time,
+    observed time) after an isotonic fit (noisy observations of ties stay monotone); every
+    backward op runs from the map of its ideal start to the map of its ideal finish, so on a
+    chain each observed gradient is ready exactly when observed. Past the last anchor the
+    map keeps the overall ratio. Ops of other phases, tensors and the comm model are
+    unchanged. Tensors not observed are ready where the map puts their producer.
+
+    Raises ``InputError`` naming the field for an unknown tensor or a time that is not a
+    finite number >= 0.
+    """
+    import numpy as np
+    from scipy.optimize import isotonic_regression
+
+    an = analyze(trace)
+    ideal = dict(zip(an.tensor_names, an.release_us, strict=True))
+    points: dict[float, list[float]] = {}
+    for name, t in ready_us.items():
+        if name not in ideal:
+            raise InputError(f"no tensor {name!r} in the trace", field=f"ready_us[{name!r}]")
+        got = require_number(t, field=f"ready_us[{name!r}]", minimum=0)
+        points.setdefault(ideal[name], []).append(got)
+    xs = sorted(x for x in points if x > 0)
+    if not xs:
+        return trace
+    # One anchor per ideal time (ties: their mean), then the monotone fit weighted by how
+    # many observations each anchor holds.
+    weights = [len(points[x]) for x in xs]
+    means = [statistics.fmean(points[x]) for x in xs]
+    ys = isotonic_regression(means, weights=weights).x
+    x_anchor = np.array([0.0, *xs])
+    y_anchor = np.array([0.0, *ys])
+    tail = y_anchor[-1] / x_anchor[-1]
+
+    def warp(t: float) -> float:
+        if t <= x_anchor[-1]:
+            return float(np.interp(t, x_anchor, y_anchor))
+        return float(y_anchor[-1] + (t - x_anchor[-1]) * tail)
+
+    ops = tuple(
+        dataclasses.replace(op, duration_us=max(0.0, warp(an.ef_us[i]) - warp(an.es_us[i])))
+        if op.phase == "backward"
+        else op
+        for i, op in enumerate(trace.ops)
+    )
+    return dataclasses.replace(trace, ops=ops)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
