@@ -842,3 +842,48 @@ def test_the_bound_takes_the_launchs_own_compute_and_no_replay_beats_it(
     )
     assert periods
     assert min(periods.values()) >= bound * (1 - 1e-9)
+
+
+def test_the_calibration_launch_shapes_the_trace_from_its_local_logs(
+    vgg: tuple[Trace, Interference, tuple[object, object]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``job_shaped`` reads `local`'s marks and gradient times as the workers write them: the
+    shaped trace, scaled to the launch's `local`, marks each gradient when the slower rank did
+    (the median over the counted iterations) and the run says so; without gradient logs the
+    trace stays the profile's, and the run says that."""
+    import json
+
+    from pace.drift.estimate import trace_spans
+
+    trace, _, _ = vgg
+    lines: list[str] = []
+    monkeypatch.setattr(bench_netns, "_say", lines.append)
+    ideal = sorted(trace_spans(trace).ready_us.values())
+    local_s = 1.5 * bench_netns._compute_us(trace) / 1e6
+    per_block = bench_netns.iterations_per_block(bench_netns.HANDOFF_STEPS)
+    iterations = bench_netns.HANDOFF_BLOCKS * per_block
+    # Rank 0 marks its gradients at the profile's pace x1.5, rank 1 the first half of them 40%
+    # later and every later one that much later too (a monotone bend): the slower rank.
+    half = ideal[len(ideal) // 2]
+    rank1 = [min(1.4 * x, x + 0.4 * half) for x in ideal]
+    want = [1.5 * x / 1e3 for x in rank1]  # ms
+    prefix = tmp_path / "handoff-horovod.json.local"
+    for r, curve in enumerate((ideal, rank1)):
+        marks, grads = [], []
+        for it in range(iterations):
+            fwd_end = 100.0 * it + 0.1  # seconds apart: the profile's backward takes 7 s
+            offsets = [1.5 * x / 1e6 for x in curve]
+            marks.append((fwd_end - 0.1, fwd_end, fwd_end + offsets[-1] + 1e-3))
+            grads += [fwd_end + o for o in offsets]
+        Path(f"{prefix}.marks.rank{r}").write_text(json.dumps(marks))
+        Path(f"{prefix}.grads.rank{r}").write_text(json.dumps(grads))
+    periods = {"local": [local_s] * iterations}
+    shaped = bench_netns.job_shaped(trace, prefix, periods)
+    got = sorted(trace_spans(bench_netns.in_job(shaped, local_s * 1e3)).ready_us.values())
+    assert got == pytest.approx([w * 1e3 for w in want], rel=1e-6)
+    assert "the backward's shape in `local`" in lines[-1]
+    assert "x1.40" in lines[-1]
+    assert bench_netns.job_shaped(trace, tmp_path / "none", periods) is trace
+    assert "the profile's" in lines[-1]

@@ -270,7 +270,13 @@ def test_a_miss_is_explained_by_the_first_measured_cause_that_accounts_for_it() 
     # The same program a launch earlier was further off than the prediction.
     launch = _cause_row(1000.0, predicted_ms=880.0, calibrated_ms=860.0, repeat_ms=860.0)
     assert cause(launch) == "launch drift"
-    assert cause(dataclasses.replace(launch, repeat_ms=900.0)) == "the model"
+    # Or the prediction is where that launch measured it (within 5%): 2 Gbit/s with Horovod,
+    # online, 2026-11-27: predicted 1174.8, the calibration launch 1172.4, this one 1002.1.
+    assert cause(dataclasses.replace(launch, repeat_ms=900.0)) == "launch drift"
+    online = _cause_row(1002.1, predicted_ms=1174.8, calibrated_ms=1154.3, repeat_ms=1172.4)
+    assert cause(online) == "launch drift"
+    # Neither: the prediction off the program's measurement in both launches.
+    assert cause(dataclasses.replace(launch, repeat_ms=940.0)) == "the model"
 
 
 @settings(max_examples=60, deadline=None)
@@ -296,6 +302,7 @@ def test_every_prediction_gets_exactly_one_cause_and_the_model_only_when_nothing
         assert abs(pred - measured) > 0.05 * measured
         assert not within_noise(cal, row)
         assert abs(rep - measured) < abs(pred - measured)
+        assert abs(pred - rep) > 0.05 * rep
     summary = cause_summary([row])
     assert f"1 {got}" in summary
     assert ("1gbit torch pace" in summary) == (got == "the model")
