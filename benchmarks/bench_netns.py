@@ -2597,13 +2597,18 @@ def _print_rows(rows: Sequence[Row], *, markdown: bool = False) -> None:
             "the calibration's schedules trained again (not counted above): "
             + "; ".join(_error_summary(again))
         )
-    agree, against, close = ranking_agreement(ours)
+    agree, against, close, alike = ranking_agreement(ours)
     print(
         f"ranking: of {len(agree) + len(against)} pairs of variants (same rate and backend) "
         "measured further apart than half the larger IQR, the prediction orders "
         f"{len(agree)} the same way"
         + (f" and these the other way: {', '.join(against)}" if against else "")
         + f"; {close} pairs within the spread"
+        + (
+            f"; predicted alike (the same program) and measured apart: {', '.join(alike)}"
+            if alike
+            else ""
+        )
     )
 
 
@@ -2628,13 +2633,19 @@ def _error_summary(rows: Sequence[Row]) -> list[str]:
     return summary
 
 
-def ranking_agreement(rows: Sequence[Row]) -> tuple[list[str], list[str], int]:
+def ranking_agreement(rows: Sequence[Row]) -> tuple[list[str], list[str], int, list[str]]:
     """Does the simulator rank the variants as the link did? Per rate and backend, every pair of
     variants whose measured periods differ by more than half the larger IQR (closer than that,
     the run cannot tell them apart) is ordered by the prediction the same way or not. Returns
-    the agreeing and disagreeing pairs (named) and how many pairs were within the spread."""
+    the agreeing and disagreeing pairs (named), how many pairs were within the spread, and the
+    pairs measured apart that the prediction puts at the same time: the same program (a
+    compiled mode the compiler sent to Horovod's own path trains as vanilla does and is
+    predicted as vanilla), which no prediction can order; they were counted against before
+    (2026-11-27: pace 969.5 and vanilla 914.7 ms, both Horovod's path, at 1 Gbit/s, and at
+    2 Gbit/s pace 852.3 against vanilla's 913.1: the same program apart both ways)."""
     agree: list[str] = []
     against: list[str] = []
+    alike: list[str] = []
     close = 0
     ranked = [r for r in rows if r.predicted_ms is not None and not r.variant.startswith("local")]
     for a, b in itertools.combinations(ranked, 2):
@@ -2647,8 +2658,12 @@ def ranking_agreement(rows: Sequence[Row]) -> tuple[list[str], list[str], int]:
             close += 1
             continue
         name = f"{a.rate} {a.backend} {a.variant}/{b.variant}"
-        (agree if measured * (a.predicted_ms - b.predicted_ms) > 0 else against).append(name)
-    return agree, against, close
+        predicted = a.predicted_ms - b.predicted_ms
+        if predicted == 0.0:
+            alike.append(name)
+            continue
+        (agree if measured * predicted > 0 else against).append(name)
+    return agree, against, close, alike
 
 
 def _print_table(head: Sequence[str], lines: Sequence[Sequence[str]], *, markdown: bool) -> None:

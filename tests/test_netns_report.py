@@ -48,10 +48,15 @@ def test_ranking_counts_only_pairs_the_run_can_tell_apart() -> None:
         _row("local", 400.0, 10.0, 380.0),  # calibrates, never ranked
         _row("pace", 100.0, 1.0, 900.0, rate="2gbit"),  # another rate: never paired
     ]
-    agree, against, close = ranking_agreement(rows)
+    agree, against, close, alike = ranking_agreement(rows)
     assert agree == ["1gbit torch vanilla/pace"]
     assert against == ["1gbit torch vanilla/online"]  # 90 ms apart, predicted the other way
     assert close == 1
+    assert alike == []
+    # The same program (pace on Horovod's own path, predicted as vanilla) measured apart:
+    # neither order, named apart.
+    same = [_row("vanilla", 914.7, 83.8, 948.7), _row("pace", 969.5, 95.8, 948.7)]
+    assert ranking_agreement(same) == ([], [], 0, ["1gbit torch vanilla/pace"])
 
 
 @given(
@@ -65,9 +70,9 @@ def test_every_pair_is_counted_once_and_a_perfect_model_always_agrees(
     cells: list[tuple[float, float, float]],
 ) -> None:
     rows = [_row(f"v{i}", m, iqr, p) for i, (m, iqr, p) in enumerate(cells)]
-    agree, against, close = ranking_agreement(rows)
+    agree, against, close, alike = ranking_agreement(rows)
     n = len(rows)
-    assert len(agree) + len(against) + close == n * (n - 1) // 2
+    assert len(agree) + len(against) + close + len(alike) == n * (n - 1) // 2
     exact = [_row(f"v{i}", m, iqr, m) for i, (m, iqr, _) in enumerate(cells)]
     assert ranking_agreement(exact)[1] == []
 
