@@ -251,8 +251,8 @@ def warp_backward(trace: Trace, ready_us: Mapping[str, float]) -> Trace:
     A scale per phase (:func:`estimate`) keeps the profile's shape of the backward. That
     shape does not survive a shared machine: beside another rank on the cores, VGG's late
     convolutions (few pixels, 9 MiB of weights each: the gradients a schedule sends first)
-    ran 1.2-1.6x the profile's time relative to the rest of the backward, the early ones
-    0.9x (benchmarks/bench_netns.py, docs/results.md), so the replay had the largest
+    ran 1.24-1.93x their share of the profile, the later gradients 0.99-1.07x
+    (benchmarks/bench_netns.py, docs/results.md), so the replay had the largest
     gradients ready tens of milliseconds early. The warp is a monotone piecewise-linear map
     of time, anchored at ``(0, 0)`` and at each observed tensor's (ideal ready time,
     observed time) after an isotonic fit (noisy observations of ties stay monotone); every
