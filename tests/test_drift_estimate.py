@@ -578,25 +578,12 @@ def test_observations_out_of_order_are_pooled_as_the_isotonic_fit_pools_them() -
     """A later gradient observed before an earlier one (noise): the least-squares monotone
     fit puts both at their mean, not the earlier one at its own time and the later one held
     back to it."""
-    from pace.ir import CommModel, Op, Tensor
+    from tests.test_sim import chain_trace
 
-    ops = (
-        Op(name="b3", phase="backward", duration_us=10.0),
-        Op(name="b2", phase="backward", duration_us=10.0, deps=("b3",)),
-        Op(name="b1", phase="backward", duration_us=10.0, deps=("b2",)),
-        Op(name="f1", phase="forward", duration_us=5.0, deps=("b1",)),
-        Op(name="f2", phase="forward", duration_us=5.0, deps=("f1",)),
-        Op(name="f3", phase="forward", duration_us=5.0, deps=("f2",)),
-    )
-    tensors = tuple(
-        Tensor(name=f"w{i}", size_bytes=4, producer=f"b{i}", consumers=(f"f{i}",))
-        for i in (3, 2, 1)
-    )
-    trace = Trace(
-        model="chain",
-        ops=ops,
-        tensors=tensors,
-        comm=CommModel(workers=2, alpha_us=1.0, beta_us_per_byte=1.0),
+    trace = chain_trace(
+        [(f"b{i}", "backward", 10.0) for i in (3, 2, 1)]
+        + [(f"f{i}", "forward", 5.0) for i in (1, 2, 3)],
+        [(f"w{i}", 4, f"b{i}", (f"f{i}",)) for i in (3, 2, 1)],
     )
     warped = warp_backward(trace, {"w3": 10.0, "w2": 30.0, "w1": 25.0})
     ready = trace_spans(warped).ready_us
