@@ -482,6 +482,44 @@ def test_observing_the_running_schedules_replay_estimates_no_drift(
     )
 
 
+def test_units_beside_a_per_call_delay_and_alone_give_the_links_cost_back() -> None:
+    """Found by hypothesis: one size of unit, two of its calls charged the per-call delay
+    beside the backward (578 us) and two alone on the idle link (26 us, its cost). Taken back
+    one by one, the alone ones clipped at 0 and the median landed between (43 us): beta off
+    by 2.3x. The median of the durations, then the replay's charge, gives the cost exactly."""
+    from pace.compiler import compile_trace
+    from pace.ir import CommModel, Op, Tensor
+
+    def op(name: str, phase: str, us: float, *deps: str) -> Op:
+        return Op(name=name, phase=phase, duration_us=us, deps=deps)
+
+    term = Interference(comm_stretch=0.5, comm_us_per_call=359.0, us_per_byte=0.0039)
+    trace = Trace(
+        model="tiny-units",
+        ops=(
+            op("bw.l1", "backward", 37.2),
+            op("bw.l0", "backward", 993.7, "bw.l1"),
+            op("fw.l0", "forward", 90.7, "bw.l0"),
+            op("fw.l1", "forward", 44.1, "fw.l0"),
+        ),
+        tensors=tuple(
+            Tensor(name=f"l1.p{i}", size_bytes=b, producer="bw.l1", consumers=("fw.l1",))
+            for i, b in enumerate((25692, 5608, 4300))
+        ),
+        comm=CommModel(workers=8, alpha_us=14.0, beta_us_per_byte=0.0014, interference=term),
+    )
+    sched = compile_trace(trace, baselines=False).schedule
+    stats, _ = _observe_replay(trace, sched)
+    durations = sorted(d for _, d in stats.iterations[0].unit_samples)
+    cost_us = trace.comm.cost_us(stats.iterations[0].unit_samples[0][0])
+    # The case itself: units of one size, some beside the delay, some alone at the cost.
+    assert len({b for b, _ in stats.iterations[0].unit_samples}) == 1
+    assert durations[0] == pytest.approx(cost_us)
+    assert durations[-1] > 359.0
+    est = estimate(trace, stats, running=sched)
+    assert est.beta_us_per_byte == pytest.approx(trace.comm.beta_us_per_byte, rel=1e-6)
+
+
 def test_recompile_compares_with_the_running_schedule() -> None:
     """`pace recompile --schedule CURRENT` (``recompile(current=...)``) passes the running
     schedule on: observing its own replay, it predicts no gain from re-planning."""

@@ -514,8 +514,14 @@ def _fit_comm(
     """
     by_size: dict[int, list[float]] = {}
     n = 0
-    term = comm.interference
     for size, dur in samples:
+        by_size.setdefault(size, []).append(dur)
+        n += 1
+    if n < min_samples:
+        return comm.alpha_us, comm.beta_us_per_byte, ()
+    term = comm.interference
+
+    def alone_us(size: int, dur: float) -> float:
         # The runtime's units run beside compute, where the model charges them
         # ``(1 + comm_stretch) * cost + comm_us_per_call`` (docs/simulator.md). Fitting the raw
         # durations would put that into alpha and beta, and the replay would charge it a second
@@ -523,11 +529,15 @@ def _fit_comm(
         alone = replayed.alone_us(size, dur) if replayed is not None else None
         if alone is None:
             alone = dur if term is None else term.alone_us(dur)
-        by_size.setdefault(size, []).append(alone)
-        n += 1
-    if n < min_samples:
-        return comm.alpha_us, comm.beta_us_per_byte, ()
-    points = tuple(sorted((size, statistics.median(ds)) for size, ds in by_size.items()))
+        return alone
+
+    # The median of the raw durations first, then taken back: the map is affine but clipped
+    # at 0, and a clip does not commute with a median. Mapped one by one, units charged the
+    # per-call delay and units that ran alone (clipped to 0) gave a median between the two,
+    # not the link's cost (a tiny unit's 26 us beside a 359 us delay: re-estimated 43 us).
+    points = tuple(
+        sorted((size, alone_us(size, statistics.median(ds))) for size, ds in by_size.items())
+    )
     if len(points) == 1:
         size, dur = points[0]
         beta = max(dur - comm.alpha_us, 0.0) / size
