@@ -63,7 +63,8 @@ Beside each prediction: ``calibrated`` (the same replay from the timed launch's 
 and ``repeat`` (the calibration launch's own measurement of the same program: how far a
 measurement moves between two launches on this host, the floor under any prediction's error).
 Where the compiler replaced the calibration launch's schedules, the timed launch trains those
-too (``pace@cal``, ``pace-sync@cal``), so the compiled modes' programs have a repeat as well.
+too (``pace@cal``, ``pace-sync@cal``), so the compiled modes' programs have a repeat as well; a
+mode compiled to Horovod's own path repeats the calibration launch's ``vanilla`` (its program).
 From these, each miss gets the first measured cause that accounts for it (``error_cause``: within
 5%, the run's noise, compute drift, launch drift), or is left to the model, row by row.
 
@@ -2004,14 +2005,24 @@ def job_shaped(trace: Any, local: Path, periods: dict[str, list[float]]) -> Any:
 def repeat_ms(cal: Calibration, schedules: dict[str, Any]) -> dict[str, float]:
     """Per variant, the calibration launch's median period (ms) where the timed launch ran the
     same program: every variant it trained, except a runtime mode whose schedule (in
-    ``schedules``, by variant) was compiled again to other units; and the variants that train
-    the calibration's schedules again (`pace@cal`, ``again_schedules``)."""
+    ``schedules``, by variant) was compiled again to other units; such a mode compiled to
+    Horovod's own path repeats the launch's `vanilla` (the same program); and the variants
+    that train the calibration's schedules again (`pace@cal`, ``again_schedules``)."""
     trained = dict(zip(COMPILED_MODES, cal.schedules or (None, None), strict=True))
     out = {
         v: statistics.median(p) * 1e3
         for v, p in cal.periods.items()
         if v not in schedules or _program(trained[v]) == _program(schedules[v])
     }
+    # A mode compiled to Horovod's own path trains vanilla's program (hvd.DistributedOptimizer
+    # under Horovod's defaults, the same calls in the same order; only the runtime's wait
+    # polls where vanilla's spins): the calibration launch measured it as `vanilla`.
+    if "vanilla" in cal.periods:
+        out |= {
+            v: statistics.median(cal.periods["vanilla"]) * 1e3
+            for v, compiled in schedules.items()
+            if v not in out and compiled is not None and compiled.framework is not None
+        }
     # The calibration's own schedules, wherever the timed launch trains them again.
     return out | {
         f"{v}{AGAIN}": statistics.median(cal.periods[v]) * 1e3

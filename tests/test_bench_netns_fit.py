@@ -318,6 +318,18 @@ def test_the_repeat_is_the_calibration_launchs_median_of_the_same_program(
         "local",
         *again,
     }
+    # Compiled again to Horovod's own path, it trains vanilla's program: vanilla's median.
+    on_path = dataclasses.replace(sync, framework="horovod")  # type: ignore[type-var]
+    moved = bench_netns.repeat_ms(cal, {"pace": on_path, "pace-sync": sync})
+    assert moved["pace"] == pytest.approx(900.0)
+    assert moved["pace-sync"] == pytest.approx(700.0)
+    # ... and where the calibration trained no vanilla, nothing stands for it.
+    alone = bench_netns.Calibration(
+        bench_netns.AsRun(),
+        {k: v for k, v in periods.items() if k != "vanilla"},
+        schedules=(schedule, sync),
+    )
+    assert "pace" not in bench_netns.repeat_ms(alone, {"pace": on_path, "pace-sync": sync})
     # ... and the calibration's schedule is trained again, under its own name.
     assert bench_netns.again_schedules(cal, {"pace": sync, "pace-sync": sync}) == {
         "pace@cal": schedule
