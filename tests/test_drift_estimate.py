@@ -488,25 +488,23 @@ def test_units_beside_a_per_call_delay_and_alone_give_the_links_cost_back() -> N
     one by one, the alone ones clipped at 0 and the median landed between (43 us): beta off
     by 2.3x. The median of the durations, then the replay's charge, gives the cost exactly."""
     from pace.compiler import compile_trace
-    from pace.ir import CommModel, Op, Tensor
-
-    def op(name: str, phase: str, us: float, *deps: str) -> Op:
-        return Op(name=name, phase=phase, duration_us=us, deps=deps)
+    from tests.test_sim import chain_trace
 
     term = Interference(comm_stretch=0.5, comm_us_per_call=359.0, us_per_byte=0.0039)
-    trace = Trace(
-        model="tiny-units",
-        ops=(
-            op("bw.l1", "backward", 37.2),
-            op("bw.l0", "backward", 993.7, "bw.l1"),
-            op("fw.l0", "forward", 90.7, "bw.l0"),
-            op("fw.l1", "forward", 44.1, "fw.l0"),
+    chain = chain_trace(
+        [
+            ("bw.l1", "backward", 37.2),
+            ("bw.l0", "backward", 993.7),
+            ("fw.l0", "forward", 90.7),
+            ("fw.l1", "forward", 44.1),
+        ],
+        [(f"l1.p{i}", b, "bw.l1", ("fw.l1",)) for i, b in enumerate((25692, 5608, 4300))],
+    )
+    trace = dataclasses.replace(
+        chain,
+        comm=dataclasses.replace(
+            chain.comm, workers=8, alpha_us=14.0, beta_us_per_byte=0.0014, interference=term
         ),
-        tensors=tuple(
-            Tensor(name=f"l1.p{i}", size_bytes=b, producer="bw.l1", consumers=("fw.l1",))
-            for i, b in enumerate((25692, 5608, 4300))
-        ),
-        comm=CommModel(workers=8, alpha_us=14.0, beta_us_per_byte=0.0014, interference=term),
     )
     sched = compile_trace(trace, baselines=False).schedule
     stats, _ = _observe_replay(trace, sched)
