@@ -8,6 +8,7 @@ No timing is asserted: only that the link is made as asked, is always removed, a
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -97,12 +98,12 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
     out = tmp_path / "periods.json"
     argv = ["--role", "train", "--backend", backend, "--schedule", str(sched)]
     argv += ["--batch", "2", "--blocks", "2", "--steps", "2", "--out", str(out)]
-    argv += ["--variants", "vanilla,online,pace,local"]
+    argv += ["--variants", "vanilla,online,pace,local,local-free"]
     with throttled_link() as link:
         set_rate(link, "1gbit")
         launch(link, backend, argv, bench_netns.pace_horovod_env())
     periods = json.loads(out.read_text())
-    assert set(periods) == {"vanilla", "online", "pace", "local"}
+    assert set(periods) == {"vanilla", "online", "pace", "local", "local-free"}
     assert all(len(v) == 4 and all(p > 0 for p in v) for v in periods.values())
     # Each timed block's lead-in iteration (it starts with nothing in flight) is kept apart.
     lead_in = json.loads(Path(f"{out}.lead_in").read_text())
@@ -111,8 +112,19 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
     launched = bench_netns.read_launch(out)
     assert launched["pace"] == periods["pace"]
     assert all(a >= b for a, b in zip(launched["local"], periods["local"], strict=True))
-    # Every rank logged the runtime's units; lined up, they give each unit's channel time.
+    # `local` runs its ranks in step (a barrier before each iteration): no rank starts an
+    # iteration before every rank has ended the one before (one clock for the host's ranks),
+    # and its periods are the iterations' compute, not the barrier's wait.
     per_block = bench_netns.iterations_per_block(2)
+    marks = [json.loads(Path(f"{out}.local.marks.rank{r}").read_text()) for r in range(2)]
+    assert len(marks[0]) == len(marks[1]) == 2 * per_block  # every iteration of timed blocks
+    for i, (before, after) in enumerate(itertools.pairwise(zip(*marks, strict=True))):
+        if (i + 1) % per_block:  # the same block
+            assert min(m[0] for m in after) >= max(m[2] for m in before)
+    phases = json.loads(Path(f"{out}.phases").read_text())
+    for p, (fw, bw, st) in zip(periods["local"], phases["local"], strict=True):
+        assert p == pytest.approx(fw + bw + st, abs=1e-6)
+    # Every rank logged the runtime's units; lined up, they give each unit's channel time.
     for variant in ("online", "pace"):
         logs = bench_netns.read_unit_logs(Path(f"{out}.{variant}.units"))
         assert logs is not None

@@ -171,6 +171,11 @@ def test_the_goal_table_takes_the_higher_of_the_link_bound_and_the_cpu_floor(
         ]
         _print_goal(rows)
         out = capsys.readouterr().out
+        assert "+33%" in out  # exposed over `local` (its ranks in step)
+        assert "+50%" not in out
+        _print_goal([*rows, row("local-free", 400.0)])
+        # ... and over the ranks running free, beside it; the verdicts are judged by `local`.
+        assert "+50%" in capsys.readouterr().out
         assert f"{600.0 / 520.0:.3f}x" in out  # the speed-up
         assert f"{600.0 / most:.3f}x" in out  # the most any schedule could gain
         assert "90%" in out
