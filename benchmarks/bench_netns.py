@@ -35,8 +35,9 @@ Per rate, per backend:
    in the background as units complete); the compute is the calibration launch's
    (``--no-handoff``: the profile's).
 5. **train**: the variants, in blocks alternating within one launch so slow drift of the shared
-   machine hits all alike; per-iteration periods (start of one step to the start of the next),
-   median over all blocks. A block's first iteration is not counted (``LEAD_IN``): it starts
+   machine hits all alike; per-iteration periods (start of one step to the start of the next;
+   an in-step `local`'s: its iteration's compute, the barrier before it not counted), median
+   over all blocks. A block's first iteration is not counted (``LEAD_IN``): it starts
    with nothing in flight, where in the overlapped modes every later one waits for the last
    one's reductions. Horovod's vanilla run uses Horovod's defaults (tensor fusion,
    response cache); every other variant runs with fusion and cache off, as the pace runtime
@@ -183,13 +184,15 @@ STEP_IN_BACKGROUND = RUNTIME_VARIANTS - SYNC_VARIANTS
 # Counted, it was one period in `steps` and pulled their medians down (`lead_in_report`).
 LEAD_IN = 1
 # `local` computes with its ranks in step, `local-free` with them free (a diagnostic). Two
-# ranks on this host's two cores ran VGG-cifar's forward and backward 20% slower when each
-# iteration started on both at once (a barrier, as a data-parallel job's collectives impose)
-# than free-running, which ran as fast as one process alone (2026-11-28, five-iteration
-# medians: in step forward 168-172 ms, backward 379-420; free 126-154 and 298-350; alone
-# 128-136 and 284-330): both ranks in the same layers at once contend for the shared cache
-# and memory more than two ranks in different layers. Every communicating variant runs in step,
-# so the compute the model is given and the `local` that exposure is judged by is in step.
+# processes on this host's two cores, no communication, ran VGG-cifar's iteration 1.19x slower
+# when each iteration started on both at once (a barrier, as a data-parallel job's collectives
+# impose) than free-running, which ran as fast as one process alone (2026-11-28, quiet host:
+# `python benchmarks/bench_in_step.py`): both ranks in the same layers at once contend for the
+# shared cache and memory more than two ranks in different layers. Inside the full run's
+# launches (Horovod's loop and the network's kernel work beside, a loaded host) `local` in step
+# measured -5.9% to +8.1% against `local-free`, within their spread (docs/results.md). Every
+# communicating variant runs in step, so the compute the model is given and the `local` that
+# exposure is judged by are in step.
 LOCAL_FREE = "local-free"
 BARRIER_TIMEOUT_S = 300.0
 
@@ -566,13 +569,13 @@ class UnitLog:
 
 def in_step(kind: str) -> bool:
     """Does ``kind`` start each iteration on every rank at once by a barrier of its own
-    (`local` and `local@vanilla`: ``LOCAL_FREE``)? The variants that communicate are in step
+    (`local`, `local@vanilla`; not ``LOCAL_FREE``)? The variants that communicate are in step
     through their collectives."""
     return kind.startswith("local") and kind != LOCAL_FREE
 
 
 def step_barrier(backend: str) -> None:
-    """Hold this rank until every rank has reached it: one averaging all-reduce of one float
+    """Hold this rank until every rank has reached it: one all-reduce of one float
     (Horovod's waited for by the runtime's polling wait, which gives the core away, not by
     ``synchronize()``'s spin, which would take it from the rank still computing)."""
     import torch
