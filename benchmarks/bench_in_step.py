@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
+from benchmarks._common import iqr  # noqa: E402
+
 WARMUP = 3  # iterations not counted: allocator, caches
 WAYS = ("alone", "free", "in step")
 
@@ -86,8 +88,7 @@ def run_way(way: str, iterations: int, batch: int) -> list[tuple[float, float, f
 
 
 def _cell(xs: list[float]) -> str:
-    q = statistics.quantiles(xs, n=4)
-    return f"{statistics.median(xs):.1f} ({q[2] - q[0]:.1f})"
+    return f"{statistics.median(xs):.1f} ({iqr(xs):.1f})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -583,12 +583,11 @@ def step_barrier(backend: str) -> None:
     if backend == "horovod":
         from horovod.torch import mpi_ops
 
-        from pace.runtime.backends import wait_polling
+        from pace.runtime.backends import horovod_wait
 
         flag = torch.zeros(1)
         handle = mpi_ops.allreduce_async_(flag, name="local.step", op=mpi_ops.Sum)
-        wait_polling(lambda: bool(mpi_ops.poll(handle)), time.monotonic() + BARRIER_TIMEOUT_S)
-        mpi_ops.synchronize(handle)
+        horovod_wait(mpi_ops, handle, BARRIER_TIMEOUT_S)
         return
     import torch.distributed as dist
 

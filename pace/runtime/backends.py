@@ -100,6 +100,15 @@ def wait_polling(done: Callable[[], bool], deadline: float) -> None:
         pause = min(_POLL_MAX_S, pause * 2)
 
 
+def horovod_wait(mpi_ops: Any, handle: Any, timeout_s: float) -> None:
+    """Wait for a Horovod collective's ``handle`` without spinning a core
+    (``wait_polling``); raise ``CollectiveTimeoutError`` past ``timeout_s``, or Horovod's error
+    if the collective failed."""
+    wait_polling(lambda: bool(mpi_ops.poll(handle)), time.monotonic() + timeout_s)
+    # Returns at once now; raises HorovodInternalError if the collective failed.
+    mpi_ops.synchronize(handle)
+
+
 def horovod_broadcast_from_rank0(hvd: Any, tensors: list[torch.Tensor], name: str) -> None:
     """Copy rank 0's values of ``tensors`` into every rank's, in place, through Horovod."""
     # One collective per dtype: flatten, broadcast, copy back (bitwise a copy).
@@ -150,9 +159,7 @@ class HorovodBackend:
         return self._mpi_ops.allreduce_async_(buf, name=name, op=self._mpi_ops.Average)
 
     def wait(self, handle: Any, timeout_s: float) -> None:
-        wait_polling(lambda: bool(self._mpi_ops.poll(handle)), time.monotonic() + timeout_s)
-        # Returns at once now; raises HorovodInternalError if the collective failed.
-        self._mpi_ops.synchronize(handle)
+        horovod_wait(self._mpi_ops, handle, timeout_s)
 
     def broadcast_from_rank0(self, tensors: list[torch.Tensor], name: str) -> None:
         horovod_broadcast_from_rank0(self._hvd, tensors, name)
