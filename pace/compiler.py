@@ -14,7 +14,7 @@ import functools
 import itertools
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from pace.ir import (
     FusionPlan,
     Schedule,
     ScheduleMode,
+    Slice,
     Trace,
     Unit,
 )
@@ -519,20 +520,57 @@ def _compute_hedged(
 
 
 ORDER_SEARCH_MAX_UNITS = 64
-"""Schedules with more units keep their order: the search tries every single move (units
-squared per pass), each one replay of the iteration."""
+"""Schedules with more units keep their order and units: the search tries every single move
+(units squared per pass), each one replay of the iteration."""
 
 ORDER_SEARCH_BUDGET = 1000
 """Replays the order search may spend (about 1 s on a 40-unit schedule of a 1,500-op trace)."""
 
 
+def _coalesced(slices: Sequence[Slice]) -> tuple[Slice, ...]:
+    """``slices`` with the pieces of one tensor that touch joined into one slice, each tensor
+    where it first appears: joined pieces of a whole tensor are one unit reduced in place, not
+    a fused buffer packed and copied back (``Unit.fused``)."""
+    by_tensor: dict[str, list[Slice]] = {}
+    for s in slices:
+        by_tensor.setdefault(s.tensor, []).append(s)
+    out: list[Slice] = []
+    for tensor, pieces in by_tensor.items():
+        pieces.sort(key=lambda s: s.offset_bytes)
+        start, end = pieces[0].offset_bytes, pieces[0].offset_bytes + pieces[0].size_bytes
+        for s in pieces[1:]:
+            if s.offset_bytes == end:
+                end += s.size_bytes
+                continue
+            out.append(Slice(tensor=tensor, offset_bytes=start, size_bytes=end - start))
+            start, end = s.offset_bytes, s.offset_bytes + s.size_bytes
+        out.append(Slice(tensor=tensor, offset_bytes=start, size_bytes=end - start))
+    return tuple(out)
+
+
+def _grouped(schedule: Schedule, groups: Sequence[tuple[int, ...]]) -> Schedule:
+    """``schedule`` issuing ``groups`` in this order: each group of its units (indices) one
+    unit, priorities 0, 1, ...; a schedule whose groups are single units keeps them as they are,
+    renumbered."""
+    if all(len(g) == 1 for g in groups):
+        return _numbered(schedule, [g[0] for g in groups])
+    units = tuple(
+        Unit(
+            priority=float(pos),
+            slices=_coalesced([s for u in g for s in schedule.units[u].slices]),
+        )
+        for pos, g in enumerate(groups)
+    )
+    return dataclasses.replace(schedule, units=units)
+
+
 def _order_searched(compiled: Trace, judges: Sequence[Trace], sched: Schedule) -> Schedule:
-    """``sched`` with the issue order ``pace.order_search.descend`` finds from its own under
-    the runtime's strict-order replay on ``compiled``, no move slower on any of ``judges``
-    (the hedged cost models); renumbered and marked ``in_order`` where
-    it changed (the prediction is then that replay: the contract's work-conserving replay
-    would send a held-back unit early)."""
-    from pace.order_search import descend
+    """``sched`` with the issue order and units ``pace.order_search.descend`` finds from its
+    own (moves in the order, joins of two units: ``regroupings``) under the runtime's
+    strict-order replay on ``compiled``, no step slower on any of ``judges`` (the hedged cost
+    models); renumbered and marked ``in_order`` where it changed (the prediction is then that
+    replay: the contract's work-conserving replay would send a held-back unit early)."""
+    from pace.order_search import descend, regroupings
     from pace.sim import runtime_replay_us
 
     units = sched.units
@@ -542,16 +580,31 @@ def _order_searched(compiled: Trace, judges: Sequence[Trace], sched: Schedule) -
         }
         return dataclasses.replace(sched, meta={**sched.meta, "order_search": info})
 
-    numbered = functools.partial(_numbered, sched)
+    grouped = functools.partial(_grouped, sched)
+    # A unit is one buffer of one dtype (the runtime refuses a fused unit that mixes them): join
+    # only units whose tensors have one element size.
+    element = {t.name: t.element_bytes for t in compiled.tensors}
+    size_of = [{element[s.tensor] for s in u.slices} for u in units]
 
+    def steps(groups: Sequence[tuple[int, ...]]) -> Iterator[list[tuple[int, ...]]]:
+        for cand in regroupings(groups):
+            if all(len(g) == 1 or len(set().union(*(size_of[u] for u in g))) == 1 for g in cand):
+                yield cand
+
+    start: list[tuple[int, ...]] = [
+        (u,) for u in sorted(range(len(units)), key=lambda u: (units[u].priority, u))
+    ]
     result = descend(
-        sorted(range(len(units)), key=lambda u: (units[u].priority, u)),
-        lambda order: runtime_replay_us(compiled, numbered(order)),
-        others=lambda order: [runtime_replay_us(j, numbered(order)) for j in judges],
+        start,
+        lambda groups: runtime_replay_us(compiled, grouped(groups)),
+        others=lambda groups: [runtime_replay_us(j, grouped(groups)) for j in judges],
         budget=ORDER_SEARCH_BUDGET,
+        neighbours=steps,
     )
     info = {
         "moves": result.moves,
+        # Units joined: the steps that were joins, not moves in the order.
+        "joins": len(units) - len(result.order),
         "replays": result.evaluations,
         "local_optimum": not result.exhausted,
         "before_us": [result.start_objective, *result.start_others],
@@ -560,7 +613,7 @@ def _order_searched(compiled: Trace, judges: Sequence[Trace], sched: Schedule) -
     if result.moves == 0:
         return dataclasses.replace(sched, meta={**sched.meta, "order_search": info})
     return dataclasses.replace(
-        numbered(result.order),
+        grouped(result.order),
         in_order=True,
         predicted_iteration_us=result.objective,
         meta={**sched.meta, "order_search": info},

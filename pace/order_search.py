@@ -8,10 +8,19 @@ urgent ones behind it. Holding it back (the link idles until the urgent unit is 
 schedule neither the LP nor that replay can express, and on the calibrated traces of the
 throttled link it was 1-4% faster (docs/results.md).
 
-:func:`descend` is the search, pure and generic: a first-improvement descent over single moves
-(one unit taken out of the order and put back at another position), accepting a move only where
-it is faster on the objective and no slower on every other judge (in the compiler: the other
-cost models it hedges over), within a budget of objective evaluations.
+The same descent also joins units. Every unit the runtime issues costs a collective call:
+the link's per-call delay and, on a host whose cores compute and communicate, the compute a call
+takes from the training beside it (the interference term, `docs/scheduling.md`). The fusion
+stage prices its groups with the optimal preemptive schedule, which charges neither, and the LP
+then splits jobs into pieces: on the calibrated traces of the throttled link, joining units
+after all (a bias with its weight's last piece, two neighbours) replayed 1.6-8.9% faster in the
+runtime's order (docs/results.md).
+
+:func:`descend` is the search, pure and generic: a first-improvement descent over the states one
+step away (``neighbours``: by default :func:`moves`, one unit taken out of the order and put
+back at another position; the compiler's :func:`regroupings` also joins two units), accepting a
+step only where it is faster on the objective and no slower on every other judge (in the
+compiler: the other cost models it hedges over), within a budget of objective evaluations.
 
 >>> sizes = [3.0, 1.0, 2.0]  # toy cost: weighted completion on one machine (Smith's rule)
 >>> def done(order):
@@ -27,8 +36,14 @@ cost models it hedges over), within a budget of objective evaluations.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+Group = tuple[int, ...]
+"""The compiled units (their indices) that one issued unit carries."""
 
 REL_EPS = 1e-6
 """A move must make the objective this much (relative) faster to count: replays are floats,
@@ -40,12 +55,12 @@ SLOWER_EPS = 1e-9
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class OrderSearch:
+class OrderSearch(Generic[T]):
     """Where :func:`descend` ended: the order, its objective and other judges' values, those of
-    the start, the moves taken, the objective evaluations spent and whether the budget ran out
-    (``False``: no single move improves, a local optimum)."""
+    the start, the steps taken, the objective evaluations spent and whether the budget ran out
+    (``False``: no single step improves, a local optimum)."""
 
-    order: list[int]
+    order: list[T]
     objective: float
     others: tuple[float, ...]
     start_objective: float
@@ -55,12 +70,12 @@ class OrderSearch:
     exhausted: bool
 
 
-def moves(order: Sequence[int]) -> list[list[int]]:
+def moves(order: Sequence[T]) -> list[list[T]]:
     """Every order one move from ``order``: each element taken out and put at each other
     position, elements early in the order first, each tried at the far end first (the move
     that holds back a unit the work-conserving replay sends early)."""
     n = len(order)
-    out: list[list[int]] = []
+    out: list[list[T]] = []
     seen = {tuple(order)}
     for i in range(n):
         rest = [*order[:i], *order[i + 1 :]]
@@ -72,17 +87,49 @@ def moves(order: Sequence[int]) -> list[list[int]]:
     return out
 
 
+def _neighbour_joins(groups: Sequence[Group]) -> Iterator[list[Group]]:
+    for i in range(len(groups) - 1, 0, -1):
+        yield [*groups[: i - 1], groups[i - 1] + groups[i], *groups[i + 1 :]]
+
+
+def _far_joins(groups: Sequence[Group]) -> Iterator[list[Group]]:
+    n = len(groups)
+    for i in range(n):
+        for j in range(i + 2, n):
+            joined = groups[i] + groups[j]
+            between = list(groups[i + 1 : j])
+            yield [*groups[:i], *between, joined, *groups[j + 1 :]]
+            yield [*groups[:i], joined, *between, *groups[j + 1 :]]
+
+
+def joins(groups: Sequence[Group]) -> list[list[Group]]:
+    """Every grouping one join from ``groups`` (units in issue order): two neighbours as one
+    unit, the later end of the order first; then two units apart as one, at the later one's
+    place and at the earlier one's."""
+    return [*_neighbour_joins(groups), *_far_joins(groups)]
+
+
+def regroupings(groups: Sequence[Group]) -> Iterator[list[Group]]:
+    """The compiler's steps from ``groups``: a join of neighbours (few, and the commonest gain:
+    a bias beside its weight's last piece), then a move (:func:`moves`), then a join of two
+    units apart. Lazy: a first-improvement descent mostly takes one of the first."""
+    yield from _neighbour_joins(groups)
+    yield from moves(groups)
+    yield from _far_joins(groups)
+
+
 def descend(
-    order: Sequence[int],
-    objective: Callable[[Sequence[int]], float],
+    order: Sequence[T],
+    objective: Callable[[Sequence[T]], float],
     *,
-    others: Callable[[Sequence[int]], Sequence[float]] | None = None,
+    others: Callable[[Sequence[T]], Sequence[float]] | None = None,
     budget: int,
-) -> OrderSearch:
-    """First-improvement descent from ``order`` (see the module docstring): a move is taken
-    where ``objective`` is at least ``REL_EPS`` smaller and no value of ``others`` (evaluated
-    only then) is more than ``SLOWER_EPS`` larger than at the current order. At most ``budget``
-    evaluations of ``objective`` besides the start's."""
+    neighbours: Callable[[Sequence[T]], Iterable[list[T]]] = moves,
+) -> OrderSearch[T]:
+    """First-improvement descent from ``order`` (see the module docstring): a step (one of
+    ``neighbours(current)``) is taken where ``objective`` is at least ``REL_EPS`` smaller and no
+    value of ``others`` (evaluated only then) is more than ``SLOWER_EPS`` larger than at the
+    current state. At most ``budget`` evaluations of ``objective`` besides the start's."""
     current = list(order)
     best = objective(current)
     best_others = tuple(others(current)) if others is not None else ()
@@ -91,7 +138,7 @@ def descend(
     local_optimum = False
     while not local_optimum and spent < budget:
         local_optimum = True
-        for cand in moves(current):
+        for cand in neighbours(current):
             if spent >= budget:
                 local_optimum = False
                 break
