@@ -161,6 +161,10 @@ REINIT_WARNING = (
 # trains it as the compiler's framework choice does (hvd.DistributedOptimizer, the runtime's
 # wait), beside vanilla's own loop.
 PATH_VARIANT = "pace@path"
+# `pace-nojoin` (--compare-joins): pace's schedule compiled with the order search's moves only,
+# no units joined (``compile_trace(join_units=False)``), beside `pace` in the same launch: what
+# joining units gives on the link, measured, not only replayed.
+NOJOIN_VARIANT = "pace-nojoin"
 # The Horovod variants that run under Horovod's own defaults (fusion, cache), not the runtime's.
 DEFAULT_SETTINGS_VARIANTS = frozenset({"vanilla", "local@vanilla", PATH_VARIANT})
 # The variants that pace.runtime drives (the rest: vanilla DDP or Horovod, and `local`s).
@@ -169,7 +173,14 @@ DEFAULT_SETTINGS_VARIANTS = frozenset({"vanilla", "local@vanilla", PATH_VARIANT}
 AGAIN = "@cal"
 COMPILED_MODES = ("pace", "pace-sync")
 RUNTIME_VARIANTS = frozenset(
-    {"online", "pace", "pace-serial", "pace-sync", *(f"{v}{AGAIN}" for v in COMPILED_MODES)}
+    {
+        "online",
+        "pace",
+        "pace-serial",
+        "pace-sync",
+        NOJOIN_VARIANT,
+        *(f"{v}{AGAIN}" for v in COMPILED_MODES),
+    }
 )
 SYNC_VARIANTS = frozenset({"pace-sync", f"pace-sync{AGAIN}"})
 # The runtime's overlapped modes apply each unit's update on the runtime's completion thread
@@ -621,6 +632,7 @@ def worker_train(args: argparse.Namespace) -> None:
         "pace-sync": args.sync_schedule,
         f"pace{AGAIN}": args.again_schedule,
         PATH_VARIANT: args.path_schedule,
+        NOJOIN_VARIANT: args.nojoin_schedule,
         f"pace-sync{AGAIN}": args.again_sync_schedule,
     }
     # The compiled modes whose schedule the compiler marked for Horovod's own path (its
@@ -1404,6 +1416,20 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     _say_framework("pace", result)
                     _say_framework("pace-sync", sync_result)
                     save_schedule(sync, tmp / f"{rate}-{backend}.sync.schedule.json")
+                    others = {}
+                    if args.compare_joins:
+                        others[NOJOIN_VARIANT] = compile_trace(
+                            compiled, hedge=hedge, compute_hedge=HEDGE_COMPUTE, join_units=False
+                        ).schedule
+                        _say(
+                            f"    {NOJOIN_VARIANT}: {len(others[NOJOIN_VARIANT].units)} units, "
+                            f"predicted {others[NOJOIN_VARIANT].predicted_iteration_us / 1e3:.1f}"
+                            f" ms; pace: {len(result.schedule.units)} units, predicted "
+                            f"{result.schedule.predicted_iteration_us / 1e3:.1f} ms"
+                        )
+                    other_paths = {v: tmp / f"{rate}-{backend}.{v}.schedule.json" for v in others}
+                    for v, schedule in others.items():
+                        save_schedule(schedule, other_paths[v])
                     # The calibration's schedules the compiler replaced, trained again in the
                     # timed launch: their repeat is how far a compiled mode's program moved.
                     again = (
@@ -1414,7 +1440,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     again_paths = {v: tmp / f"{rate}-{backend}.{v}.schedule.json" for v in again}
                     for v, schedule in again.items():
                         save_schedule(schedule, again_paths[v])
-                    programs = ((result.schedule, sync), cal, again)
+                    programs = ((result.schedule, sync), cal, again, others)
                     if args.keep:  # the trace the schedule was compiled from, and the schedule
                         keep = Path(args.keep)
                         keep.mkdir(parents=True, exist_ok=True)
@@ -1442,7 +1468,9 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     independent = of_programs(
                         functools.partial(predictions_ms, trace, backend=backend), *programs
                     )
-                    measured = _train(link, backend, sched_path, tmp, args, again=again_paths)
+                    measured = _train(
+                        link, backend, sched_path, tmp, args, again=again_paths, others=other_paths
+                    )
                     ratio = statistics.median(measured["local"]) * 1e3 / independent["local"]
                     # The bound with the compute this launch measured, as `calibrated` is.
                     bound_ms = (
@@ -1540,10 +1568,13 @@ def _train(
     args: argparse.Namespace,
     *,
     again: dict[str, Path] | None = None,
+    others: dict[str, Path] | None = None,
 ) -> dict[str, list[float]]:
     """The timed launch; ``again``: the calibration's schedules to train too, by variant
-    (``again_schedules``)."""
+    (``again_schedules``); ``others``: other schedules of the replay's mode to train too, by
+    variant (``NOJOIN_VARIANT``)."""
     again = again or {}
+    others = others or {}
     common = ["--role", "train", "--backend", backend, "--schedule", str(schedule)]
     common += ["--sync-schedule", str(schedule.with_suffix("").with_suffix(".sync.schedule.json"))]
     for variant, path in again.items():
@@ -1553,6 +1584,9 @@ def _train(
         common += ["--horovod-env", args.horovod_env]
     runtime = ["online", "pace", *(["pace-serial"] if args.compare_serial else []), "pace-sync"]
     runtime += list(again)
+    for variant, path in others.items():
+        common += [f"--{variant.removeprefix('pace-')}-schedule", str(path)]
+        runtime.append(variant)
     if args.compare_path and backend == "horovod":
         from pace.io import load_schedule, save_schedule
 
@@ -2114,12 +2148,18 @@ def of_programs(
     schedules: tuple[Any, Any],
     cal: Calibration | None,
     again: dict[str, Any],
+    others: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``fn``'s results (by variant) of ``schedules`` (the replay's and the sync mode's), and
-    of the calibration's under the names of the variants in ``again`` that train them again."""
+    """``fn``'s results (by variant) of ``schedules`` (the replay's and the sync mode's), of
+    the calibration's under the names of the variants in ``again`` that train them again, and
+    of ``others`` (variant: another schedule of the replay's mode, e.g. ``NOJOIN_VARIANT``'s)
+    as `pace`'s result with that schedule."""
     out = fn(*schedules)
     if again and cal is not None and cal.schedules is not None:
         out |= as_again(fn(*cal.schedules), again)
+    for variant, schedule in (others or {}).items():
+        if (got := fn(schedule, schedules[1]).get("pace")) is not None:
+            out[variant] = got
     return out
 
 
@@ -2878,6 +2918,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--again-schedule", help=argparse.SUPPRESS)
     ap.add_argument("--again-sync-schedule", help=argparse.SUPPRESS)
     ap.add_argument("--path-schedule", help=argparse.SUPPRESS)
+    ap.add_argument("--nojoin-schedule", help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="horovod", help=argparse.SUPPRESS)
     ap.add_argument("--rates", default="500mbit,1gbit,2gbit", help="tc rates, comma-separated")
     ap.add_argument("--backends", default="horovod,torch", help="horovod and/or torch")
@@ -2918,6 +2959,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"with Horovod, also train variant {PATH_VARIANT}: pace's schedule marked for "
         "Horovod's own path (what pace runs where the compiler predicts that path faster): "
         "hvd.DistributedOptimizer under Horovod's defaults, waited for by the runtime",
+    )
+    ap.add_argument(
+        "--compare-joins",
+        action="store_true",
+        help=f"also train variant {NOJOIN_VARIANT}: pace's schedule compiled with the order "
+        "search's moves only, no units joined",
     )
     ap.add_argument(
         "--horovod-env",

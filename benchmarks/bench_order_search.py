@@ -1,5 +1,6 @@
-"""What the issue-order search gains: each trace compiled with and without it (``compile_trace(
-order_search=...)``), both schedules replayed in the runtime's strict order.
+"""What the issue-order search gains (its moves in the order and its joins of units): each trace
+compiled with and without it (``compile_trace(order_search=...)``), both schedules replayed in
+the runtime's strict order.
 
     python benchmarks/bench_order_search.py [DIR ...] [--random N] [--markdown]
 
@@ -78,7 +79,8 @@ def main() -> int:
                     [
                         f"{directory.name}/{tag}",
                         mode,
-                        len(compiled[True].schedule.units),
+                        f"{len(compiled[False].schedule.units)} / "
+                        f"{len(compiled[True].schedule.units)}",
                         f"{off_us / 1e3:.1f}",
                         f"{on_us / 1e3:.1f}",
                         f"{on_us / off_us:.3f}",
@@ -94,7 +96,7 @@ def main() -> int:
             [
                 "trace",
                 "mode",
-                "units",
+                "units without / with",
                 "without",
                 "with",
                 "ratio",
@@ -109,7 +111,7 @@ def main() -> int:
     if args.random:
         gains: list[float] = []
         seconds: list[float] = []
-        tried = 0
+        tried = joined = 0
         for seed in range(args.random):
             for layers in LAYERS:
                 for alpha_us in ALPHAS_US:
@@ -123,12 +125,14 @@ def main() -> int:
                         seconds.append(res.stage_seconds.get("order_search", 0.0))
                         if info.get("moves"):
                             gains.append(1.0 - info["after_us"][0] / info["before_us"][0])
+                            joined += info["joins"] > 0
         show(
-            f"random traces ({tried}): the order search's gain where it changes the order",
-            ["changed", "median gain", "max gain", "search s (median / max)"],
+            f"random traces ({tried}): the order search's gain where it changes the schedule",
+            ["changed", "units joined in", "median gain", "max gain", "search s (median / max)"],
             [
                 [
                     f"{len(gains)} of {tried}",
+                    joined,
                     f"{statistics.median(gains):.2%}" if gains else "-",
                     f"{max(gains):.2%}" if gains else "-",
                     f"{statistics.median(seconds):.3f} / {max(seconds):.3f}",

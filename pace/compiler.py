@@ -564,13 +564,16 @@ def _grouped(schedule: Schedule, groups: Sequence[tuple[int, ...]]) -> Schedule:
     return dataclasses.replace(schedule, units=units)
 
 
-def _order_searched(compiled: Trace, judges: Sequence[Trace], sched: Schedule) -> Schedule:
+def _order_searched(
+    compiled: Trace, judges: Sequence[Trace], sched: Schedule, *, join_units: bool = True
+) -> Schedule:
     """``sched`` with the issue order and units ``pace.order_search.descend`` finds from its
     own (moves in the order, joins of two units: ``regroupings``) under the runtime's
     strict-order replay on ``compiled``, no step slower on any of ``judges`` (the hedged cost
     models); renumbered and marked ``in_order`` where it changed (the prediction is then that
-    replay: the contract's work-conserving replay would send a held-back unit early)."""
-    from pace.order_search import descend, regroupings
+    replay: the contract's work-conserving replay would send a held-back unit early).
+    ``join_units=False``: moves in the order only (``pace.order_search.moves``)."""
+    from pace.order_search import descend, moves, regroupings
     from pace.sim import runtime_replay_us
 
     units = sched.units
@@ -587,7 +590,7 @@ def _order_searched(compiled: Trace, judges: Sequence[Trace], sched: Schedule) -
     size_of = [{element[s.tensor] for s in u.slices} for u in units]
 
     def steps(groups: Sequence[tuple[int, ...]]) -> Iterator[list[tuple[int, ...]]]:
-        for cand in regroupings(groups):
+        for cand in regroupings(groups) if join_units else moves(groups):
             if all(len(g) == 1 or len(set().union(*(size_of[u] for u in g))) == 1 for g in cand):
                 yield cand
 
@@ -637,6 +640,7 @@ def compile_trace(
     framework: bool = True,
     framework_margin: float | None = None,
     order_search: bool = True,
+    join_units: bool = True,
 ) -> CompileResult:
     """Fuse, schedule and measure ``trace`` (see the module docstring).
 
@@ -679,7 +683,9 @@ def compile_trace(
     the trace and no slower under every ``hedge`` model (``pace.order_search``); a changed
     order ships with ``in_order`` and its runtime-order replay as the prediction. With
     ``compute_hedge`` each schedule compiled at a hedged speed is a candidate as numbered
-    there and as searched. ``meta.order_search`` records it.
+    there and as searched. ``meta.order_search`` records it. The search also joins two units
+    into one where that is faster (``join_units``, default on; ``--no-join-units``: its moves
+    only).
 
     >>> from pace.synth import random_trace
     >>> r = compile_trace(random_trace(seed=2, n_layers=5, alpha_us=30.0))
@@ -804,7 +810,7 @@ def compile_trace(
             # one stays a candidate (in the strict order a searched schedule is less adaptive
             # under another model than the contract's replay of the unsearched one).
             for i, (m, (s, p)) in enumerate(zip(models, list(candidates), strict=True)):
-                searched = _order_searched(m, (), in_issue_order(s, m))
+                searched = _order_searched(m, (), in_issue_order(s, m), join_units=join_units)
                 if searched.meta["order_search"].get("moves"):
                     candidates.append((searched, p))
                     under.append(i)
@@ -818,7 +824,11 @@ def compile_trace(
     # The order search, judged on the trace and under every hedged cost model (so the cost
     # hedge's choice is not undone), applied to the pipeline's choice and to each schedule the
     # compute hedge weighs, which then chooses among them as among any candidates.
-    search = functools.partial(_order_searched, compiled, alternatives) if order_search else None
+    search = (
+        functools.partial(_order_searched, compiled, alternatives, join_units=join_units)
+        if order_search
+        else None
+    )
     if search is not None:
         t = time.perf_counter()
         sched = search(sched)

@@ -348,6 +348,9 @@ def test_the_repeat_is_the_calibration_launchs_median_of_the_same_program(
     both = bench_netns.of_programs(fn, (sync, sync), cal, {"pace@cal": schedule})
     assert both == {"pace": sync, "pace-sync": sync, "vanilla": None, "pace@cal": schedule}
     assert bench_netns.of_programs(fn, (sync, sync), cal, {}) == fn(sync, sync)
+    # Another schedule of the replay's mode (pace-nojoin): `pace`'s result with it.
+    other = bench_netns.of_programs(fn, (sync, sync), cal, {}, {"pace-nojoin": schedule})
+    assert other == {"pace": sync, "pace-sync": sync, "vanilla": None, "pace-nojoin": schedule}
     # Its priorities renumbered in the same order, it is the same program.
     units = tuple(dataclasses.replace(u, priority=2.0 * u.priority + 1.0) for u in schedule.units)  # type: ignore[attr-defined]
     renumbered = dataclasses.replace(schedule, units=units)  # type: ignore[type-var]

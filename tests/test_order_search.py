@@ -316,9 +316,17 @@ def test_a_found_trace_where_joining_two_units_is_faster(tmp_path: Path) -> None
 
     moved = descend(order, lambda o: runtime_replay_us(on.trace, in_order(o)), budget=1000)
     assert on.predicted_iteration_us < moved.objective * 0.95
+    # join_units=False is that search: the pipeline's units, moved only.
+    unjoined = compile_trace(trace, baselines=False, framework=False, join_units=False)
+    assert unjoined.schedule.meta["order_search"]["joins"] == 0
+    assert len(unjoined.schedule.units) == len(off.schedule.units)
+    assert unjoined.predicted_iteration_us == pytest.approx(moved.objective, rel=1e-9)
     # Through the CLI: the joined units validate against the trace.
     save_trace(trace, tmp_path / "t.json")
     out = tmp_path / "s.json"
     assert main(["compile", str(tmp_path / "t.json"), "-o", str(out)]) == 0
     assert len(load_schedule(out).units) < len(off.schedule.units)
     assert main(["validate", str(out), "--trace", str(tmp_path / "t.json")]) == 0
+    no_join = tmp_path / "moves.json"
+    assert main(["compile", str(tmp_path / "t.json"), "-o", str(no_join), "--no-join-units"]) == 0
+    assert len(load_schedule(no_join).units) == len(off.schedule.units)

@@ -113,6 +113,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "order is searched under the runtime's strict-order replay (docs/scheduling.md, "
         "section 13)",
     )
+    p.add_argument(
+        "--no-join-units",
+        action="store_true",
+        help="let the order search move units only; by default it also joins two units into one "
+        "where the runtime's replay is faster (every unit is a collective call, with its cost)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -149,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         framework=not args.no_framework,
         framework_margin=args.framework_margin,
         order_search=not args.no_order_search,
+        join_units=not args.no_join_units,
     )
     save_schedule(result.schedule, args.output)
     for w in result.warnings:
@@ -264,7 +271,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if (order := result.schedule.meta.get("order_search")) and order.get("moves"):
         sys.stdout.write(
-            f"issue order searched: {order['moves']} moves, {order['before_us'][0]:.1f} -> "
+            f"issue order searched: {order['moves']} steps ({order['joins']} units "
+            f"joined), {order['before_us'][0]:.1f} -> "
             f"{order['after_us'][0]:.1f} us in the runtime's order ({order['replays']} replays)\n"
         )
     return 0
