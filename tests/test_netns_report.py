@@ -185,6 +185,25 @@ def test_the_goal_table_takes_the_higher_of_the_link_bound_and_the_cpu_floor(
         assert "not met" not in out
 
 
+def test_the_goal_table_says_where_pace_measured_below_the_bound(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 2 Gbit/s with DDP, 2026-11-28: the bound scaled to a `local` that ran slow.
+    def row(variant: str, measured: float, **kw: float) -> Row:
+        return dataclasses.replace(_row(variant, measured, 10.0, measured), **kw)
+
+    rows = [
+        row("vanilla", 805.4, cores_busy=0.87),
+        row("local", 673.5),
+        row("pace", 744.7, bound_ms=796.8, cpu_floor_ms=703.7),
+    ]
+    _print_goal(rows)
+    out = capsys.readouterr().out
+    assert f"{805.4 / 796.8:.3f}x (pace below the bound)" in out
+    assert "out of reach" not in out
+    assert "not met" in out
+
+
 @pytest.mark.parametrize(
     ("vanilla_ci", "pace_ci", "want"),
     [
@@ -213,6 +232,8 @@ def test_pace_against_vanilla_is_decided_by_the_cis(
         (0.15, 1.15, 1.2, "met"),  # at the threshold and at the goal
         (0.84, 1.168, 1.326, "met"),  # 0.5 Gbit/s, Horovod, the day's other run
         (0.5, 1.1, None, "not met"),  # no bound known: not "out of reach"
+        # 2 Gbit/s, torch, 2026-11-28: pace measured below the bound: it bounds nothing.
+        (0.20, 1.082, 1.011, "not met"),
     ],
 )
 def test_the_goal_applies_where_vanilla_is_exposed(
