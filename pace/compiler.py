@@ -685,7 +685,7 @@ def compile_trace(
     ``compute_hedge`` each schedule compiled at a hedged speed is a candidate as numbered
     there and as searched. ``meta.order_search`` records it. The search also joins two units
     into one where that is faster (``join_units``, default on; ``--no-join-units``: its moves
-    only).
+    only; never with ``fusion="none"``, which asks for no fusion).
 
     >>> from pace.synth import random_trace
     >>> r = compile_trace(random_trace(seed=2, n_layers=5, alpha_us=30.0))
@@ -700,6 +700,9 @@ def compile_trace(
         raise InputError(f"must be one of {', '.join(SOLVERS)}, got {solver!r}", field="solver")
     from pace.lp import ROBUST_DEFAULT, ROBUST_TOLERANCE, lower_bound_us
     from pace.sim import compare
+
+    # `fusion="none"` asks for one unit per tensor (or its LP pieces): nothing joined either.
+    join_units = join_units and fusion != "none"
 
     robust_on = ROBUST_DEFAULT if robust is None else robust
     margin = FRAMEWORK_MARGIN if framework_margin is None else framework_margin

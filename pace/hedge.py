@@ -47,9 +47,11 @@ not move the choice away from the main model's schedule."""
 
 
 def least_regret(replays_us: Sequence[Sequence[float]], *, tie: float = TIE) -> int:
-    """The candidate with the least worst regret (``regrets``); within ``tie`` of the least,
-    the first, so candidate 0 (the schedule compiled under the main model) wins unless another
-    is better by more than ``tie``.
+    """The candidate with the least worst regret (``regrets``), except that candidate 0 (the
+    schedule compiled under the main model) wins unless another is better by more than ``tie``.
+    Among the others the least wins (the first of equals): a tie kept for any earlier one
+    shipped an unsearched schedule within ``tie`` of its own searched one, whose final search
+    then ended worse under the other model than that one (hypothesis, 2026-11-28).
 
     >>> least_regret([[100.0, 120.0], [110.0, 100.0]])
     1
@@ -58,7 +60,7 @@ def least_regret(replays_us: Sequence[Sequence[float]], *, tie: float = TIE) -> 
     """
     worst = regrets(replays_us)
     least = min(worst)
-    return next(i for i, w in enumerate(worst) if w <= least + tie)
+    return 0 if worst[0] <= least + tie else worst.index(least)
 
 
 def check_alternatives(trace: Trace, alternatives: Sequence[Trace]) -> None:

@@ -93,10 +93,11 @@ def test_the_hedged_schedule_loses_least_over_the_models(trace: Trace, loss: flo
 
 
 def test_the_hedge_trades_a_little_under_one_model_for_more_under_the_other() -> None:
-    """Found by search over seeds: compiled under the low loss alone, the schedule replays
-    95 us slower under the high loss than the one compiled there, which is only 2 us slower
-    under the low loss; the hedge ships the latter."""
-    base = random_trace(seed=35, n_layers=8, alpha_us=30.0)
+    """Found by search over seeds (again once the order search joined units: seed 35's trade
+    was gone): compiled under the low loss alone, the schedule replays 147 us slower under the
+    high loss than the one compiled there, which is only 23 us slower under the low loss;
+    the hedge ships the latter."""
+    base = random_trace(seed=102, n_layers=8, alpha_us=30.0)
     low, high = _with_loss(base, 5e-4), _with_loss(base, 1e-2)
     alone = compile_trace(low, baselines=False)
     hedged = compile_trace(low, baselines=False, hedge=[high])
@@ -116,7 +117,9 @@ def test_a_hedge_with_the_same_model_keeps_the_schedule() -> None:
     hedged = compile_trace(trace, hedge=[trace])
     assert hedged.schedule.units == plain.schedule.units
     assert hedged.predicted_iteration_us == pytest.approx(plain.predicted_iteration_us)
-    assert hedged.schedule.meta["hedge"]["chosen"] == 0
+    # The schedule compiled under the trace's own model (as compiled, or as searched).
+    info = hedged.schedule.meta["hedge"]
+    assert info["compiled_under"][info["chosen"]] == 0
     assert hedged.schedule.trace_digest == plain.schedule.trace_digest
 
 

@@ -316,6 +316,9 @@ def test_a_found_trace_where_joining_two_units_is_faster(tmp_path: Path) -> None
 
     moved = descend(order, lambda o: runtime_replay_us(on.trace, in_order(o)), budget=1000)
     assert on.predicted_iteration_us < moved.objective * 0.95
+    # fusion="none" asks for no fusion: nothing joined either.
+    unfused = compile_trace(trace, fusion="none", baselines=False, framework=False)
+    assert unfused.schedule.meta["order_search"]["joins"] == 0
     # join_units=False is that search: the pipeline's units, moved only.
     unjoined = compile_trace(trace, baselines=False, framework=False, join_units=False)
     assert unjoined.schedule.meta["order_search"]["joins"] == 0
