@@ -14,7 +14,7 @@ import shutil
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -81,12 +81,16 @@ def compute_only_us(trace: Trace) -> float:
     return float(analyze(trace).critical_path_us)
 
 
-def horovodrun_loopback(script: str, worker_args: list[str]) -> str:
+def horovodrun_loopback(
+    script: str, worker_args: list[str], *, env_extra: Mapping[str, str] | None = None
+) -> str:
     """Run ``script --worker WORKER_ARGS`` as 2 Horovod ranks on loopback (gloo, one compute
-    thread each) and return what they printed; a failed launch raises with its output."""
+    thread each), with ``env_extra`` added to their environment (Horovod's settings are read
+    once, by ``hvd.init()``), and return what they printed; a failed launch raises with its
+    output."""
     horovodrun = shutil.which("horovodrun", path=str(Path(sys.executable).parent)) or "horovodrun"
     cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, script]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(env_extra or {}))
     out = subprocess.run(
         [*cmd, "--worker", *worker_args],
         capture_output=True,

@@ -1,0 +1,141 @@
+"""What one more Horovod collective costs when it is issued beside others: 2 Horovod ranks
+(gloo, CPU, loopback) all-reduce ``k`` tiny tensors issued at once (``allreduce_async_`` each,
+then ``synchronize`` on every handle, as ``hvd.DistributedOptimizer`` issues gradients whose
+hooks fire close together), under the runtime's settings (fusion and response cache off,
+``pace.options.HOROVOD_RUNTIME_ENV``) and under Horovod's defaults.
+
+    python benchmarks/bench_hvd_calls.py [--counts 1,4,16,32] [--reps 40]
+
+Why: the comm probe (``pace profile-comm``) times one call at a time, each waiting for its
+own negotiation cycle, and the simulator charges that per-call cost (``alpha_us``) to every
+unit. Horovod negotiates every tensor submitted within one cycle together and then runs their
+collectives back to back, so a further call issued beside others costs less than a lone one.
+This measures both: the batch's median time per ``k``, its spread (IQR), and a least-squares
+line through the medians (``scipy.stats.linregress``): the first call and each further one.
+The counts are interleaved round-robin, so a host that slows down slows every count alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+
+from benchmarks._common import horovodrun_loopback, iqr  # noqa: E402
+
+# 10 floats: a call's bytes cost nothing beside its fixed part.
+TENSOR_ELEMENTS = 10
+WARMUP_REPS = 5
+# Horovod's defaults in 0.28 (fusion on, 128 MiB; response cache on), set explicitly so that
+# a setting in the caller's environment does not leak into the row named for them.
+HOROVOD_DEFAULTS_ENV = {
+    "HOROVOD_FUSION_THRESHOLD": str(128 * 2**20),
+    "HOROVOD_CACHE_CAPACITY": "1024",
+}
+SETTINGS = tuple(HOROVOD_DEFAULTS_ENV)
+
+
+def worker(counts: list[int], reps: int) -> None:
+    import horovod.torch as hvd
+    import torch
+
+    torch.set_num_threads(1)
+    hvd.init()
+    times_ms: dict[int, list[float]] = {k: [] for k in counts}
+    for rep in range(WARMUP_REPS + reps):
+        for k in counts:
+            bufs = [torch.zeros(TENSOR_ELEMENTS) for _ in range(k)]
+            t0 = time.perf_counter()
+            handles = [hvd.allreduce_async_(b, name=f"t{j}") for j, b in enumerate(bufs)]
+            for h in handles:
+                hvd.synchronize(h)
+            if rep >= WARMUP_REPS:
+                times_ms[k].append((time.perf_counter() - t0) * 1e3)
+    if hvd.rank() == 0:
+        # What this rank's hvd.init() read, so the parent can check the row's label.
+        print("settings", " ".join(f"{k}={os.environ.get(k, '')}" for k in sorted(SETTINGS)))
+        for k in counts:
+            print("times", k, " ".join(f"{t:.4f}" for t in times_ms[k]))
+
+
+def main() -> int:
+    from scipy.stats import linregress
+
+    from pace.cli._output import print_table
+    from pace.options import HOROVOD_RUNTIME_ENV
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--counts", default="1,4,16,32", help="tensors issued at once, comma-separated")
+    ap.add_argument("--reps", type=int, default=40, help="timed batches per count")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    counts = sorted({int(c) for c in args.counts.split(",")})
+    if args.worker:
+        worker(counts, args.reps)
+        return 0
+    if len(counts) < 2 or counts[0] < 1 or args.reps < 2:
+        ap.error("need two or more counts >= 1 and --reps >= 2")
+
+    rows: list[list[object]] = []
+    fits: list[list[object]] = []
+    settings = {
+        "fusion and cache off (the runtime's)": HOROVOD_RUNTIME_ENV,
+        "Horovod's defaults (fusion, cache on)": HOROVOD_DEFAULTS_ENV,
+    }
+    for label, env in settings.items():
+        out = horovodrun_loopback(
+            __file__,
+            ["--counts", ",".join(map(str, counts)), "--reps", str(args.reps)],
+            env_extra=env,
+        )
+        medians: dict[int, float] = {}
+        wanted = " ".join(f"{k}={env[k]}" for k in sorted(SETTINGS))
+        if f"settings {wanted}" not in out:
+            print(f"the launch under {label} did not run with {wanted}:\n{out}")
+            return 1
+        for line in out.splitlines():
+            # horovodrun prefixes each rank's lines ("[0]<stdout>:times ...").
+            _, sep, rest = line.partition("times ")
+            if not sep:
+                continue
+            k, *values = rest.split()
+            ts = [float(v) for v in values]
+            medians[int(k)] = statistics.median(ts)
+            rows.append(
+                [
+                    label,
+                    int(k),
+                    f"{medians[int(k)]:.3f}",
+                    f"{iqr(ts):.3f}",
+                    f"{medians[int(k)] / int(k):.3f}",
+                ]
+            )
+        if sorted(medians) != counts:
+            print(f"the launch under {label} printed no times for every count:\n{out}")
+            return 1
+        fit = linregress(counts, [medians[k] for k in counts])
+        fits.append(
+            [label, f"{fit.intercept + fit.slope:.3f}", f"{fit.slope:.3f}", f"{fit.rvalue**2:.3f}"]
+        )
+    print_table(
+        f"{len(counts)} batch sizes x {args.reps} batches, 2 ranks, loopback: median ms per batch",
+        ["setting", "tensors at once", "median ms", "IQR ms", "ms per call"],
+        rows,
+    )
+    print_table(
+        "a line through the medians: a lone call, and each call issued beside it",
+        ["setting", "first call ms", "each further call ms", "r^2"],
+        fits,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""benchmarks/bench_hvd_calls.py end to end: two real Horovod launches (the runtime's settings
+and Horovod's defaults), each rank's settings checked against the row that names them, and
+every count timed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_hvd_calls_times_every_count_under_both_settings() -> None:
+    pytest.importorskip("horovod.torch")
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_hvd_calls.py"),
+            "--counts",
+            "1,3",
+            "--reps",
+            "3",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for label in ("fusion and cache off", "Horovod's defaults"):
+        # One row per count, and the line through them.
+        assert out.stdout.count(label) == 3, out.stdout
+    assert "each further call ms" in out.stdout
+
+
+def test_bench_hvd_calls_refuses_one_count() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_hvd_calls.py"), "--counts", "4"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2
+    assert "two or more counts" in out.stderr
