@@ -76,7 +76,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=40, help="timed batches per count")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    counts = sorted({int(c) for c in args.counts.split(",")})
+    try:
+        counts = sorted({int(c) for c in args.counts.split(",")})
+    except ValueError:
+        ap.error(f"--counts: whole numbers, comma-separated (got {args.counts!r})")
     if args.worker:
         worker(counts, args.reps)
         return 0
