@@ -29,14 +29,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from benchmarks._common import horovodrun_loopback, iqr  # noqa: E402
+from pace.sim.policies import HOROVOD_FUSION_THRESHOLD_BYTES  # noqa: E402
 
 # 10 floats: a call's bytes cost nothing beside its fixed part.
 TENSOR_ELEMENTS = 10
 WARMUP_REPS = 5
-# Horovod's defaults in 0.28 (fusion on, 128 MiB; response cache on), set explicitly so that
-# a setting in the caller's environment does not leak into the row named for them.
+# Horovod's defaults in 0.28 (fusion on, the simulator's threshold; response cache on), set
+# explicitly so that a setting in the caller's environment does not leak into the row named
+# for them.
 HOROVOD_DEFAULTS_ENV = {
-    "HOROVOD_FUSION_THRESHOLD": str(128 * 2**20),
+    "HOROVOD_FUSION_THRESHOLD": str(HOROVOD_FUSION_THRESHOLD_BYTES),
     "HOROVOD_CACHE_CAPACITY": "1024",
 }
 SETTINGS = tuple(HOROVOD_DEFAULTS_ENV)
@@ -108,18 +110,11 @@ def main() -> int:
             _, sep, rest = line.partition("times ")
             if not sep:
                 continue
-            k, *values = rest.split()
+            count, *values = rest.split()
+            k = int(count)
             ts = [float(v) for v in values]
-            medians[int(k)] = statistics.median(ts)
-            rows.append(
-                [
-                    label,
-                    int(k),
-                    f"{medians[int(k)]:.3f}",
-                    f"{iqr(ts):.3f}",
-                    f"{medians[int(k)] / int(k):.3f}",
-                ]
-            )
+            medians[k] = statistics.median(ts)
+            rows.append([label, k, f"{medians[k]:.3f}", f"{iqr(ts):.3f}", f"{medians[k] / k:.3f}"])
         if sorted(medians) != counts:
             print(f"the launch under {label} printed no times for every count:\n{out}")
             return 1
