@@ -6,13 +6,16 @@ hooks fire close together), under the runtime's settings (fusion and response ca
 
     python benchmarks/bench_hvd_calls.py [--counts 1,4,16,32] [--reps 40]
 
-Why: the comm probe (``pace profile-comm``) times one call at a time, each waiting for its
-own negotiation cycle, and the simulator charges that per-call cost (``alpha_us``) to every
-unit. Horovod negotiates every tensor submitted within one cycle together and then runs their
+Why: Horovod negotiates every tensor submitted within one cycle together and then runs their
 collectives back to back, so a further call issued beside others costs less than a lone one.
-This measures both: the batch's median time per ``k``, its spread (IQR), and a least-squares
-line through the medians (``scipy.stats.linregress``): the first call and each further one.
-The counts are interleaved round-robin, so a host that slows down slows every count alike.
+The comm probe (``pace profile-comm --backend horovod``) measures the same batches
+(``pace.profiler._hvd_bench.batch_times``, the slowest rank's time) and stores the further
+call's cost as ``comm.batched_alpha_us``, which the simulator's cycle channel charges to every
+call of a cycle but its first. This prints the batches per ``k``: the median, its spread
+(IQR), and the line through the medians (``pace.profiler.comm.fit_batches``): the first call
+and each further one; also under Horovod's defaults, where the response cache skips most of
+the negotiation. The counts are interleaved round-robin, so a host that slows down slows every
+count alike.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,9 +33,6 @@ if str(ROOT) not in sys.path:
 from benchmarks._common import horovodrun_loopback, iqr  # noqa: E402
 from pace.sim.policies import HOROVOD_FUSION_THRESHOLD_BYTES  # noqa: E402
 
-# 10 floats: a call's bytes cost nothing beside its fixed part.
-TENSOR_ELEMENTS = 10
-WARMUP_REPS = 5
 # Horovod's defaults in 0.28 (fusion on, the simulator's threshold; response cache on), set
 # explicitly so that a setting in the caller's environment does not leak into the row named
 # for them.
@@ -48,18 +47,12 @@ def worker(counts: list[int], reps: int) -> None:
     import horovod.torch as hvd
     import torch
 
+    from pace.profiler._hvd_bench import batch_times
+
     torch.set_num_threads(1)
     hvd.init()
-    times_ms: dict[int, list[float]] = {k: [] for k in counts}
-    for rep in range(WARMUP_REPS + reps):
-        for k in counts:
-            bufs = [torch.zeros(TENSOR_ELEMENTS) for _ in range(k)]
-            t0 = time.perf_counter()
-            handles = [hvd.allreduce_async_(b, name=f"t{j}") for j, b in enumerate(bufs)]
-            for h in handles:
-                hvd.synchronize(h)
-            if rep >= WARMUP_REPS:
-                times_ms[k].append((time.perf_counter() - t0) * 1e3)
+    # The comm probe's own measurement (``pace profile-comm``): the slowest rank's time.
+    times_ms = {k: [t * 1e3 for t in ts] for k, ts in batch_times(hvd, torch, counts, reps).items()}
     if hvd.rank() == 0:
         # What this rank's hvd.init() read, so the parent can check the row's label.
         print("settings", " ".join(f"{k}={os.environ.get(k, '')}" for k in sorted(SETTINGS)))
@@ -68,10 +61,9 @@ def worker(counts: list[int], reps: int) -> None:
 
 
 def main() -> int:
-    from scipy.stats import linregress
-
     from pace.cli._output import print_table
     from pace.options import HOROVOD_RUNTIME_ENV
+    from pace.profiler.comm import fit_batches
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--counts", default="1,4,16,32", help="tensors issued at once, comma-separated")
@@ -118,10 +110,9 @@ def main() -> int:
         if sorted(medians) != counts:
             print(f"the launch under {label} printed no times for every count:\n{out}")
             return 1
-        fit = linregress(counts, [medians[k] for k in counts])
-        fits.append(
-            [label, f"{fit.intercept + fit.slope:.3f}", f"{fit.slope:.3f}", f"{fit.rvalue**2:.3f}"]
-        )
+        fit = fit_batches({k: [m * 1e3] for k, m in medians.items()})
+        first_ms, further_ms = fit.first_call_us / 1e3, fit.further_call_us / 1e3
+        fits.append([label, f"{first_ms:.3f}", f"{further_ms:.3f}", f"{fit.r2:.3f}"])
     print_table(
         f"{len(counts)} batch sizes x {args.reps} batches, 2 ranks, loopback: median ms per batch",
         ["setting", "tensors at once", "median ms", "IQR ms", "ms per call"],

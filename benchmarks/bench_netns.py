@@ -506,6 +506,16 @@ def worker_comm(args: argparse.Namespace) -> None:
     ]
     if rank == 0:
         Path(args.out).write_text(json.dumps(samples))
+    if args.backend == "horovod":
+        # The further call's cost (``CommModel.batched_alpha_us``), as ``pace profile-comm``
+        # measures it: the unfused baseline's tensors are negotiated a cycle's worth at once.
+        from pace.profiler._hvd_bench import BATCH_COUNTS, batch_times
+        from pace.profiler.comm import BATCH_REPS
+
+        batches = batch_times(hvd, torch, BATCH_COUNTS, BATCH_REPS)
+        if rank == 0:
+            us = {k: [t * 1e6 for t in ts] for k, ts in batches.items()}
+            Path(f"{args.out}.batches").write_text(json.dumps(us))
 
 
 def worker_interference(args: argparse.Namespace) -> None:
@@ -923,7 +933,22 @@ def fit_link(link: Link, backend: str, trace: Any, tmp: Path, reps: int) -> Any:
         f"    CPU of rank 0 while all-reducing {big[0] / 2**20:.0f} MiB: {big[2] / 1e3:.0f} ms "
         f"in {big[1] / 1e3:.0f} ms ({big[2] / big[0] * 2**20 / 1e3:.2f} ms per MiB)"
     )
-    return fit_absolute(samples)
+    comm = fit_absolute(samples)
+    if backend != "horovod":
+        return comm
+    from pace.profiler.comm import fit_batches, with_batches
+
+    raw = json.loads(Path(f"{out}.batches").read_text())
+    batches = fit_batches({int(k): v for k, v in raw.items()})
+    comm = with_batches(comm, batches)
+    _say(
+        "    tiny tensors issued at once (count: median ms): "
+        + ", ".join(f"{k}: {us / 1e3:.2f}" for k, us in batches.medians_us.items())
+        + f"; line: first call {batches.first_call_us / 1e3:.2f} ms, each further "
+        f"{batches.further_call_us / 1e3:.2f} ms (R^2 {batches.r2:.3f}); batched alpha "
+        f"{comm.batched_alpha_us / 1e3:.2f} ms against the fit's alpha {comm.alpha_us / 1e3:.2f} ms"
+    )
+    return comm
 
 
 INTERFERENCE_SIZES = (256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
@@ -1091,7 +1116,7 @@ def simulate_variants(
     from pace.compiler import sync_trace
     from pace.runtime import ONLINE_CREDIT_BYTES, RuntimeOptions
     from pace.sim import SimOptions, schedule_policy, simulate
-    from pace.sim.policies import bytescheduler
+    from pace.sim.policies import bytescheduler, horovod
 
     run = as_run or AsRun()
 
@@ -1147,8 +1172,10 @@ def simulate_variants(
     }
     if backend == "horovod":
         sims["vanilla"] = simulate(on("vanilla"), "horovod")
+        # Horovod's cycles with fusion off: each tensor its own call, a cycle's calls
+        # negotiated together (``CommModel.batched_alpha_us``, measured by the comm fit).
         sims["vanilla-nofusion"] = simulate(
-            on("vanilla-nofusion"), "fifo", options=SimOptions(barrier=True)
+            on("vanilla-nofusion"), horovod(threshold_bytes=0, name="horovod-nofusion")
         )
     else:
         sims["vanilla"] = simulate(on("vanilla"), "ddp")

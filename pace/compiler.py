@@ -96,6 +96,8 @@ def framework_path_us(trace: Trace) -> float | None:
         update_us_per_byte=0.0,
         copy_us_per_byte=0.0,
         framework=None,
+        # Measured under the runtime's settings; the path's cached calls were not batched.
+        batched_alpha_us=None,
     )
     policy = FRAMEWORK_POLICIES[path.backend]
     return float(simulate(dataclasses.replace(trace, comm=comm), policy).iteration_us) + step_us

@@ -702,6 +702,16 @@ def _comm_from(r: _Reader, v: Any, path: str, *, with_samples: bool = True) -> C
                 )
             )
         samples = tuple(pts)
+    alpha_us = r.num(r.req(o, "alpha_us", path), f"{path}.alpha_us", bound=_US)
+    batched_alpha_us = None
+    if "batched_alpha_us" in o:
+        batched_alpha_us = r.num(o["batched_alpha_us"], f"{path}.batched_alpha_us", bound=_US)
+        if batched_alpha_us > alpha_us:
+            raise r.err(
+                f"{path}.batched_alpha_us",
+                f"must be <= alpha_us ({alpha_us:g}): a call negotiated beside others costs "
+                "no more than one alone; remove the key where it was not measured",
+            )
     return CommModel(
         workers=r.int_(
             r.req(o, "workers", path),
@@ -710,7 +720,7 @@ def _comm_from(r: _Reader, v: Any, path: str, *, with_samples: bool = True) -> C
             maximum=MAX_WORKERS,
             why=_WHY_WORKERS,
         ),
-        alpha_us=r.num(r.req(o, "alpha_us", path), f"{path}.alpha_us", bound=_US),
+        alpha_us=alpha_us,
         beta_us_per_byte=r.num(
             r.req(o, "beta_us_per_byte", path),
             f"{path}.beta_us_per_byte",
@@ -736,6 +746,7 @@ def _comm_from(r: _Reader, v: Any, path: str, *, with_samples: bool = True) -> C
         framework=(
             _framework_from(r, o["framework"], f"{path}.framework") if "framework" in o else None
         ),
+        batched_alpha_us=batched_alpha_us,
     )
 
 
@@ -889,6 +900,8 @@ def _comm_to(comm: CommModel, *, with_samples: bool = True) -> dict[str, Any]:
         out["copy_us_per_byte"] = _num_out(comm.copy_us_per_byte)
     if comm.framework is not None:
         out["framework"] = _framework_to(comm.framework)
+    if comm.batched_alpha_us is not None:  # optional, as above
+        out["batched_alpha_us"] = _num_out(comm.batched_alpha_us)
     return out
 
 

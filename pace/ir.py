@@ -164,6 +164,12 @@ class CommModel:
     update (a unit of one piece is reduced in place and copies nothing). Both modes pay it: the
     overlapped forward and the synchronous ``backward()``'s return wait for it. 0: free.
     ``framework``: the framework's own path on the same link, where measured (``FrameworkPath``).
+    ``batched_alpha_us`` (Horovod): what a call costs beyond its bytes when Horovod negotiated
+    it in the same cycle as an earlier call. Its background thread negotiates every tensor
+    submitted since its last cycle in one round, then reduces them back to back, so only the
+    cycle's first call pays the whole ``alpha_us``. Measured as the slope of a batch's time over
+    its call count (``pace profile-comm --backend horovod``); charged by the simulator's cycle
+    channel (the ``horovod`` policy). ``None``: not measured, every call costs ``alpha_us``.
     """
 
     workers: int
@@ -175,10 +181,21 @@ class CommModel:
     update_us_per_byte: float = 0.0
     copy_us_per_byte: float = 0.0
     framework: FrameworkPath | None = None
+    batched_alpha_us: float | None = None
 
     def cost_us(self, size_bytes: float) -> float:
         """Duration of one all-reduce call carrying ``size_bytes`` bytes."""
         return self.alpha_us + self.beta_us_per_byte * size_bytes
+
+    def batched_cost_us(self, size_bytes: float) -> float:
+        """Duration of a call negotiated in the same cycle as an earlier one
+        (``batched_alpha_us``; ``cost_us`` where that was not measured). Never more than a lone
+        call: a model whose ``alpha_us`` was lowered after the batches were measured (a
+        calibration) keeps the lower of the two."""
+        alpha = self.alpha_us
+        if self.batched_alpha_us is not None:
+            alpha = min(alpha, self.batched_alpha_us)
+        return alpha + self.beta_us_per_byte * size_bytes
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -307,7 +307,22 @@ def test_horovod_benchmark_with_two_real_processes(
     assert path.backend == "horovod"
     assert path.alpha_us >= 0
     assert path.beta_us_per_byte >= 0
-    beta = load_comm(out).beta_us_per_byte
+    # Under the runtime's settings also batches of tiny tensors issued at once: every count
+    # timed, the further call's cost stored within [0, alpha] (what the simulator charges a
+    # cycle's calls after its first), and said.
+    from pace.profiler._hvd_bench import BATCH_COUNTS
+
+    batches = obj["meta"]["batches"]
+    assert sorted(int(k) for k in batches["medians_us"]) == list(BATCH_COUNTS)
+    assert all(v > 0 for v in batches["medians_us"].values())
+    model = load_comm(out)
+    assert model.batched_alpha_us is not None
+    assert 0 <= model.batched_alpha_us <= model.alpha_us
+    expected = min(max(0.0, batches["further_call_us"]), model.alpha_us)
+    assert model.batched_alpha_us == pytest.approx(expected, abs=0.05)  # meta is rounded
+    beta = model.beta_us_per_byte
     assert beta >= 0  # its size is the host's business; a flat fit must be flagged
     poor = beta == 0 or obj["fit"]["r2"] < 0.5
-    assert ("the fit is poor" in capsys.readouterr().err) == poor
+    said = capsys.readouterr()
+    assert ("the fit is poor" in said.err) == poor
+    assert f"batched_alpha_us={model.batched_alpha_us:.1f}" in said.out

@@ -367,6 +367,13 @@ def run_profile_comm(args: argparse.Namespace) -> int:
             f"(~{8e-3 / m.beta_us_per_byte if m.beta_us_per_byte > 0 else float('inf'):.2f} Gbps "
             f"algorithm bandwidth) r2={fit.r2:.4f} max_rel_error={fit.max_rel_error:.2f}\n"
         )
+        if m.batched_alpha_us is not None and "batches" in fit.meta:
+            b = fit.meta["batches"]
+            sys.stdout.write(
+                f"calls issued at once (one negotiation cycle): first {b['first_call_us']:.1f} "
+                f"us, each further {b['further_call_us']:.1f} us (R^2 {b['r2']:.3f}): "
+                f"batched_alpha_us={m.batched_alpha_us:.1f}\n"
+            )
         if (fw := m.framework) is not None:
             sys.stdout.write(
                 f"framework ({fw.backend} under its defaults): alpha_us={fw.alpha_us:.1f} "

@@ -1,7 +1,9 @@
 """Worker of ``pace profile-comm --backend horovod``; run by ``horovodrun``, one per rank.
 
 Same statistic as the gloo benchmark: per size, the median over repetitions of the slowest
-rank's all-reduce time. Rank 0 writes ``[[bytes, us], ...]`` to ``--out``.
+rank's all-reduce time. Rank 0 writes ``[[bytes, us], ...]`` to ``--out``; with ``--batches``
+also, per count of tensors issued at once, the slowest rank's batch times (``batch_times``) to
+``--out.batches`` as ``{count: [us, ...]}``.
 """
 
 from __future__ import annotations
@@ -9,7 +11,43 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+# Tensors issued at once per timed batch (``batch_times``): enough counts for a line whose
+# slope is the further call's cost, and a batch of 16 lasts milliseconds.
+BATCH_COUNTS = (1, 2, 4, 8, 16)
+# Floats per tensor of a batch: its bytes cost nothing beside a call's fixed part.
+BATCH_ELEMENTS = 10
+BATCH_WARMUP = 3
+
+
+def batch_times(
+    hvd: Any, torch: Any, counts: Sequence[int], reps: int, *, warmup: int = BATCH_WARMUP
+) -> dict[int, list[float]]:
+    """Per count ``k``, the slowest rank's seconds to all-reduce ``k`` tiny tensors issued at
+    once (``allreduce_async_`` each, then ``synchronize`` on every handle, as
+    ``hvd.DistributedOptimizer`` issues gradients whose hooks fire close together), one
+    sample per repetition. Horovod negotiates the tensors submitted within one cycle together,
+    so the time grows by less than a lone call per further tensor; that slope is what a call
+    negotiated beside others costs (``CommModel.batched_alpha_us``). Every batch starts from a
+    tiny all-reduce (the ranks together), and the counts are interleaved per repetition, so a
+    host that slows down slows every count alike."""
+    times: dict[int, list[float]] = {k: [] for k in counts}
+    for rep in range(warmup + reps):
+        for k in counts:
+            bufs = [torch.zeros(BATCH_ELEMENTS) for _ in range(k)]
+            hvd.allreduce(torch.zeros(1), name="batch.bar")
+            t0 = time.perf_counter()
+            handles = [hvd.allreduce_async_(b, name=f"batch.{j}") for j, b in enumerate(bufs)]
+            for h in handles:
+                hvd.synchronize(h)
+            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            slowest = float(hvd.allgather(elapsed, name="batch.t").max())
+            if rep >= warmup:
+                times[k].append(slowest)
+    return times
 
 
 def main() -> None:
@@ -25,6 +63,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", required=True)
     ap.add_argument("--interference", action="store_true")
+    ap.add_argument("--batches", type=int, default=0, help="timed batches per count (0: none)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.interference:
@@ -51,6 +90,11 @@ def main() -> None:
     ]
     if hvd.rank() == 0:
         Path(args.out).write_text(json.dumps(results))
+    if args.batches:
+        batches = batch_times(hvd, torch, BATCH_COUNTS, args.batches)
+        if hvd.rank() == 0:
+            us = {k: [t * 1e6 for t in ts] for k, ts in batches.items()}
+            Path(f"{args.out}.batches").write_text(json.dumps(us))
     if args.interference:
         from pace.profiler.interference import measure_on_rank
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,6 +120,59 @@ def poor_fit_warning(fit: CommFit) -> str | None:
         "times did not grow with size, so the host's load, not the link, set them. Measure "
         "again on a quieter host or with more --reps, and cover larger sizes (--sizes)"
     )
+
+
+# Timed batches per count of tensors issued at once (``_hvd_bench.batch_times``). A batch's
+# time spreads about as widely as its median on a busy 2-core host (bench_hvd_calls: IQR 2.7
+# to 16 ms at 16 tensors), so the median needs many; 60 take a few seconds.
+BATCH_REPS = 60
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BatchFit:
+    """A least-squares line through the median batch times (``_hvd_bench.batch_times``) over
+    the number of tensors issued at once: a lone call (``first_call_us``, the line at one) and
+    each further call negotiated in the same cycle (``further_call_us``, the slope)."""
+
+    first_call_us: float
+    further_call_us: float
+    r2: float
+    medians_us: dict[int, float]
+
+    def as_meta(self) -> dict[str, Any]:
+        return {
+            "first_call_us": round(self.first_call_us, 1),
+            "further_call_us": round(self.further_call_us, 1),
+            "r2": round(self.r2, 4),
+            "medians_us": {str(k): round(v, 1) for k, v in self.medians_us.items()},
+        }
+
+
+def fit_batches(times_us: Mapping[int, Sequence[float]]) -> BatchFit:
+    """The line through each count's median batch time (``scipy.stats.linregress``)."""
+    from scipy.stats import linregress
+
+    counts = sorted(times_us)
+    if len(counts) < 2 or any(not times_us[k] for k in counts):
+        raise InputError("need timed batches of at least two counts", field="batches")
+    medians = {k: float(np.median(times_us[k])) for k in counts}
+    line = linregress(counts, [medians[k] for k in counts])
+    slope = float(line.slope)
+    return BatchFit(
+        first_call_us=float(line.intercept) + slope,
+        further_call_us=slope,
+        r2=float(line.rvalue) ** 2,
+        medians_us=medians,
+    )
+
+
+def with_batches(model: CommModel, fit: BatchFit) -> CommModel:
+    """``model`` with the further call's cost (``CommModel.batched_alpha_us``) from ``fit``,
+    held within ``[0, alpha_us]``: a line through noisy medians can dip below zero or rise
+    above a lone call, neither of which a call beside others costs (the fit, unclipped, is
+    kept in the comm file's meta)."""
+    further_us = min(max(0.0, fit.further_call_us), model.alpha_us)
+    return dataclasses.replace(model, batched_alpha_us=further_us)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -225,9 +278,11 @@ def _run_horovod(
     timeout_s: float,
     interference: bool,
     defaults: bool = False,
-) -> tuple[list[tuple[int, float]], Interference | None, float]:
+) -> tuple[list[tuple[int, float]], Interference | None, float, BatchFit | None]:
     """The sweep under the runtime's Horovod settings (``HOROVOD_RUNTIME_ENV``), or with
-    ``defaults`` under Horovod's own (those unset: fusion and the response cache on)."""
+    ``defaults`` under Horovod's own (those unset: fusion and the response cache on). Under the
+    runtime's settings also the batches of tiny tensors issued at once (``fit_batches``): with
+    fusion off, each is its own call, and only the cycle's first pays Horovod's negotiation."""
     try:
         import horovod  # noqa: F401
     except ImportError as exc:
@@ -258,6 +313,7 @@ def _run_horovod(
             "--out",
             out,
             *(["--interference"] if interference else []),
+            *([] if defaults else ["--batches", str(BATCH_REPS)]),
         ]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         for key, value in HOROVOD_RUNTIME_ENV.items():
@@ -273,7 +329,11 @@ def _run_horovod(
             raise RuntimeError(f"horovodrun failed ({proc.returncode}): " + " | ".join(tail))
         data = json.loads(Path(out).read_text())
         term, r2 = _interference_of(f"{out}.interference", workers) if interference else (None, 1.0)
-    return [(int(b), float(u)) for b, u in data], term, r2
+        batches = None
+        if not defaults:
+            raw = json.loads(Path(f"{out}.batches").read_text())
+            batches = fit_batches({int(k): v for k, v in raw.items()})
+    return [(int(b), float(u)) for b, u in data], term, r2, batches
 
 
 def benchmark_allreduce(
@@ -313,18 +373,22 @@ def benchmark_allreduce(
             field="framework",
         )
     t0 = time.perf_counter()
+    batches = None
     if backend == "gloo":
         samples, term, r2 = _run_gloo(workers, sizes, reps, warmup, interference)
     else:
-        samples, term, r2 = _run_horovod(
+        samples, term, r2, batches = _run_horovod(
             workers, sizes, reps, warmup, timeout_s=timeout_s, interference=interference
         )
     fit = fit_comm(samples, workers=workers, backend=backend)
+    if batches is not None:
+        fit = dataclasses.replace(fit, model=with_batches(fit.model, batches))
+        fit.meta["batches"] = batches.as_meta()
     if term is not None:
         fit = dataclasses.replace(fit, model=dataclasses.replace(fit.model, interference=term))
         fit.meta["interference_r2"] = round(r2, 4)
     if framework:
-        fw_samples, fw_term, fw_r2 = _run_horovod(
+        fw_samples, fw_term, fw_r2, _ = _run_horovod(
             workers,
             sizes,
             reps,
@@ -376,6 +440,7 @@ def comm_to_dict(fit: CommFit) -> dict[str, Any]:
         "samples": [[b, u] for b, u in m.samples],
         **({"interference": interference_to_dict(m.interference)} if m.interference else {}),
         **({"framework": framework_to_dict(m.framework)} if m.framework else {}),
+        **({"batched_alpha_us": m.batched_alpha_us} if m.batched_alpha_us is not None else {}),
         "fit": {"r2": fit.r2, "rmse_us": fit.rmse_us, "max_rel_error": fit.max_rel_error},
         "meta": fit.meta,
     }
@@ -435,6 +500,18 @@ def load_comm(path: str | Path) -> CommModel:
             raise InputError(
                 f"must be a finite number >= 0 and <= {most:g}", where=where, field=key
             )
+    batched = obj.get("batched_alpha_us")
+    if batched is not None and (
+        not isinstance(batched, int | float)
+        or isinstance(batched, bool)
+        or not 0 <= batched <= alpha
+    ):
+        raise InputError(
+            f"must be a finite number >= 0 and <= alpha_us ({alpha:g}): a call negotiated "
+            "beside others costs no more than one alone",
+            where=where,
+            field="batched_alpha_us",
+        )
     samples: tuple[tuple[int, float], ...] = ()
     with contextlib.suppress(TypeError, ValueError):
         samples = tuple((int(b), float(u)) for b, u in obj.get("samples", []))
@@ -456,4 +533,5 @@ def load_comm(path: str | Path) -> CommModel:
         framework=(
             framework_from_dict(obj["framework"], where=where) if "framework" in obj else None
         ),
+        batched_alpha_us=float(batched) if batched is not None else None,
     )

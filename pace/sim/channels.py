@@ -362,6 +362,8 @@ class CycleFusionChannel(Channel):
     units it forms queue behind the ones still running. The thread's phase relative to the
     backward pass is arbitrary in reality; here the tick grid is anchored at the first tensor's
     production (the phase most favourable to Horovod), so the model never overstates its delay.
+    A tick's tensors are negotiated together: its first unit costs ``comm.cost_us``, every
+    further one ``comm.batched_cost_us`` (the same where the batched cost was not measured).
     """
 
     def __init__(
@@ -379,10 +381,7 @@ class CycleFusionChannel(Channel):
         self.channel_free = 0.0
         self.rate = 1.0
         self.call_extra_us = 0.0  # see StaticChannel
-        alpha = float(prep.trace.comm.alpha_us)
-        beta = float(prep.trace.comm.beta_us_per_byte)
-        self.alpha = alpha
-        self.beta = beta
+        self.comm = prep.trace.comm
         self.pending: list[int] = []
         # The earliest time the thread may run its next tick, and the grid it sleeps on
         # (None until the first tensor is produced).
@@ -453,7 +452,7 @@ class CycleFusionChannel(Channel):
         self.pending = []
         t = max(now, self.channel_free)
         names = self.prep.tensor_names
-        for g in groups:
+        for i, g in enumerate(groups):
             nbytes = sum(size[k] for k in g)
             u = len(self.units)
             self.units.append(
@@ -466,7 +465,9 @@ class CycleFusionChannel(Channel):
             )
             self.unit_tensors.append(g)
             self.start.append(t)
-            cost = self.alpha + self.beta * nbytes
+            # One negotiation per tick: its first call pays it, the rest only their share
+            # (``CommModel.batched_alpha_us``).
+            cost = (self.comm.batched_cost_us if i else self.comm.cost_us)(nbytes)
             self.nbytes.append(nbytes)
             self.cost.append(cost + self.call_extra_us)
             t = t + self.cost[-1] / self.rate
