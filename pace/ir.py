@@ -82,7 +82,8 @@ class Interference:
     background loop polling). The other way round, a call progresses at ``1 / (1 +
     comm_stretch)`` of its speed while any op computes (the cores that move the bytes are busy),
     and a call issued while ops compute takes ``comm_us_per_call`` longer (its threads wait for
-    a core, or for the interpreter lock, to issue and complete it).
+    a core, or for the interpreter lock, to issue and complete it; on Horovod's cycle channel
+    once per cycle, whose calls run back to back on one thread).
     ``samples`` are the measured ``(bytes per call, loss fraction)`` points the fit came from.
     """
 

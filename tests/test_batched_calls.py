@@ -17,7 +17,7 @@ from pace.cli import main
 from pace.compiler import framework_path_us
 from pace.errors import InputError
 from pace.io import save_trace, trace_from_dict, trace_to_dict
-from pace.ir import CommModel, FrameworkPath, Trace
+from pace.ir import CommModel, FrameworkPath, Interference, Trace
 from pace.profiler.comm import fit_batches, fit_comm, load_comm, save_comm, with_batches
 from pace.sim import simulate
 from pace.sim.policies import horovod
@@ -152,6 +152,34 @@ def test_a_cycles_further_calls_pay_only_the_batched_cost() -> None:
     assert res.iteration_us == pytest.approx(258.0)
     # Unmeasured, every call pays alpha: b 104, then c 104 after it.
     assert simulate(trace, UNFUSED).iteration_us == pytest.approx(10.0 + 120 + 104 + 104 + 10)
+
+
+def test_a_cycle_pays_the_delay_of_a_call_issued_beside_compute_once() -> None:
+    """As above, with calls issued beside compute taking 50 us longer: the tick at 10 us (while
+    `bw.layer1` computes) has `a` pay it (170 us), not `b` (14 us), which runs right after on
+    the same thread; `c`'s tick at 194 us finds no op computing (the forward waits for every
+    call), so no delay: 104 us."""
+    trace = chain_trace(
+        [
+            ("bw.layer2", "backward", 10),
+            ("bw.layer1", "backward", 10),
+            ("fw.layer1", "forward", 5),
+            ("fw.layer2", "forward", 5),
+        ],
+        [
+            ("a", 20, "bw.layer2", ("fw.layer2",)),
+            ("b", 4, "bw.layer2", ("fw.layer2",)),
+            ("c", 4, "bw.layer1", ("fw.layer1",)),
+        ],
+        alpha=100.0,
+    )
+    comm = dataclasses.replace(
+        trace.comm, batched_alpha_us=10.0, interference=Interference(comm_us_per_call=50.0)
+    )
+    res = simulate(dataclasses.replace(trace, comm=comm), UNFUSED)
+    durations = [f - s for s, f in zip(res.unit_start_us, res.unit_finish_us, strict=True)]
+    assert durations == pytest.approx([170.0, 14.0, 104.0])
+    assert res.iteration_us == pytest.approx(308.0)
 
 
 @settings(max_examples=60, deadline=None)

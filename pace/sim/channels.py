@@ -362,8 +362,10 @@ class CycleFusionChannel(Channel):
     units it forms queue behind the ones still running. The thread's phase relative to the
     backward pass is arbitrary in reality; here the tick grid is anchored at the first tensor's
     production (the phase most favourable to Horovod), so the model never overstates its delay.
-    A tick's tensors are negotiated together: its first unit costs ``comm.cost_us``, every
-    further one ``comm.batched_cost_us`` (the same where the batched cost was not measured).
+    A tick's tensors are negotiated together: its first unit costs ``comm.cost_us`` plus the
+    delay of a call issued beside compute (``call_extra_us``), every further one
+    ``comm.batched_cost_us`` alone (the same as the first where the batched cost was not
+    measured).
     """
 
     def __init__(
@@ -466,10 +468,12 @@ class CycleFusionChannel(Channel):
             self.unit_tensors.append(g)
             self.start.append(t)
             # One negotiation per tick: its first call pays it, the rest only their share
-            # (``CommModel.batched_alpha_us``).
+            # (``CommModel.batched_alpha_us``). The delay of a call issued beside compute (the
+            # thread waiting for a core to wake and negotiate) is the tick's too: its calls
+            # then run back to back on the thread that already holds one.
             cost = (self.comm.batched_cost_us if i else self.comm.cost_us)(nbytes)
             self.nbytes.append(nbytes)
-            self.cost.append(cost + self.call_extra_us)
+            self.cost.append(cost + (0.0 if i else self.call_extra_us))
             t = t + self.cost[-1] / self.rate
             self.finish.append(t)
             self.batch.append((t, u))
