@@ -168,8 +168,9 @@ class CommModel:
     ``batched_alpha_us`` (Horovod): what a call costs beyond its bytes when Horovod negotiated
     it in the same cycle as an earlier call. Its background thread negotiates every tensor
     submitted since its last cycle in one round, then reduces them back to back, so only the
-    cycle's first call pays the whole ``alpha_us``. Measured as the slope of a batch's time over
-    its call count (``pace profile-comm --backend horovod``); charged by the simulator's cycle
+    cycle's first call pays the whole ``alpha_us``. Measured as the share of a lone call that a
+    further one in a batch adds (``pace profile-comm --backend horovod``,
+    ``pace.profiler.comm.with_batches``) times ``alpha_us``; charged by the simulator's cycle
     channel (the ``horovod`` policy). ``None``: not measured, every call costs ``alpha_us``.
     """
 

@@ -109,11 +109,32 @@ def test_fit_batches_recovers_a_line(first: float, further: float, counts: list[
     assert fit.first_call_us == pytest.approx(first, abs=1e-6)
 
 
-@given(further=st.floats(-500.0, 5000.0), alpha=st.floats(0.0, 3000.0))
-def test_with_batches_holds_the_cost_within_zero_and_alpha(further: float, alpha: float) -> None:
-    fit = fit_batches({1: [1000.0], 2: [1000.0 + further]})
+@given(
+    first=st.floats(-500.0, 5000.0),
+    further=st.floats(-500.0, 5000.0),
+    alpha=st.floats(0.0, 3000.0),
+)
+def test_with_batches_takes_the_further_calls_share_of_alpha(
+    first: float, further: float, alpha: float
+) -> None:
+    fit = fit_batches({1: [first], 2: [first + further]})
     model = with_batches(CommModel(workers=2, alpha_us=alpha, beta_us_per_byte=1e-3), fit)
-    assert model.batched_alpha_us == pytest.approx(min(max(0.0, further), alpha), abs=1e-6)
+    # The line through two points is them: its value at one is `first`, its slope `further`.
+    assert fit.first_call_us == pytest.approx(first, abs=1e-6)
+    assert fit.further_call_us == pytest.approx(further, abs=1e-6)
+    ratio = fit.further_call_us / fit.first_call_us if fit.first_call_us > 0 else 1.0
+    share = min(max(0.0, ratio), 1.0)
+    assert model.batched_alpha_us == pytest.approx(alpha * share, rel=1e-6, abs=1e-6)
+    assert 0.0 <= model.batched_alpha_us <= alpha
+
+
+def test_a_uniformly_slower_host_during_the_batches_changes_nothing() -> None:
+    model = CommModel(workers=2, alpha_us=1000.0, beta_us_per_byte=1e-3)
+    times = {k: [1200.0 + 300.0 * (k - 1)] for k in (1, 2, 4, 8, 16)}
+    slow = {k: [10 * t for t in ts] for k, ts in times.items()}
+    got = with_batches(model, fit_batches(times)).batched_alpha_us
+    assert got == pytest.approx(250.0)
+    assert with_batches(model, fit_batches(slow)).batched_alpha_us == pytest.approx(got)
 
 
 def test_fit_batches_needs_two_counts() -> None:

@@ -167,12 +167,17 @@ def fit_batches(times_us: Mapping[int, Sequence[float]]) -> BatchFit:
 
 
 def with_batches(model: CommModel, fit: BatchFit) -> CommModel:
-    """``model`` with the further call's cost (``CommModel.batched_alpha_us``) from ``fit``,
-    held within ``[0, alpha_us]``: a line through noisy medians can dip below zero or rise
-    above a lone call, neither of which a call beside others costs (the fit, unclipped, is
-    kept in the comm file's meta)."""
-    further_us = min(max(0.0, fit.further_call_us), model.alpha_us)
-    return dataclasses.replace(model, batched_alpha_us=further_us)
+    """``model`` with the further call's cost (``CommModel.batched_alpha_us``): the share of a
+    lone call that ``fit`` measured for a further one (its slope over the line at one), of the
+    sweep's lone call (``alpha_us``). A share, not the slope itself: the batches run after the
+    sweep, and a host that slows down meanwhile slows both ends of the line alike (in
+    bench_netns a lone tiny call once took 12.9 ms in the batches against 1.2-1.5 ms in the
+    same launch's sweep, each further one 4.0 ms: the share, 0.32, was that of every other
+    probe, 0.20-0.36). Held within [0, 1]: a line through noisy medians can dip below zero or
+    rise above a lone call (the fit, unclipped, is kept in the comm file's meta); where the
+    line at one is not above zero, the share is unknown and a further call costs a lone one."""
+    share = fit.further_call_us / fit.first_call_us if fit.first_call_us > 0 else 1.0
+    return dataclasses.replace(model, batched_alpha_us=model.alpha_us * min(max(0.0, share), 1.0))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
