@@ -302,4 +302,6 @@ def what_if(
         interference=comm.interference,
         update_us_per_byte=comm.update_us_per_byte,
         copy_us_per_byte=comm.copy_us_per_byte,
+        # A per-call cost, as alpha (kept): a cycle's negotiation, not the link's bytes.
+        batched_alpha_us=comm.batched_alpha_us,
     )

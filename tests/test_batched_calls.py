@@ -147,12 +147,10 @@ def test_fit_batches_needs_two_counts() -> None:
 # --- the simulator's cycles -----------------------------------------------------------------
 
 
-def test_a_cycles_further_calls_pay_only_the_batched_cost() -> None:
-    """Worked by hand, with fusion off and no cycle wait: `a` and `b` are produced together at
-    10 us, one tick: `a` pays alpha (100 + 20 bytes), `b` the batched 10 + 4. `c` (at 20 us)
-    waits for that batch and is its own tick's first call: 100 + 4. The forward waits for all
-    of them (Horovod's barrier): 10 + 10 us of backward, 248 us for the calls, 10 of forward."""
-    trace = chain_trace(
+def _two_at_once() -> Trace:
+    """Two backward ops of 10 us; the first produces `a` (20 bytes) and `b` (4) together, the
+    second `c` (4); alpha 100 us, 1 us per byte."""
+    return chain_trace(
         [
             ("bw.layer2", "backward", 10),
             ("bw.layer1", "backward", 10),
@@ -166,6 +164,14 @@ def test_a_cycles_further_calls_pay_only_the_batched_cost() -> None:
         ],
         alpha=100.0,
     )
+
+
+def test_a_cycles_further_calls_pay_only_the_batched_cost() -> None:
+    """Worked by hand, with fusion off and no cycle wait: `a` and `b` are produced together at
+    10 us, one tick: `a` pays alpha (100 + 20 bytes), `b` the batched 10 + 4. `c` (at 20 us)
+    waits for that batch and is its own tick's first call: 100 + 4. The forward waits for all
+    of them (Horovod's barrier): 10 + 10 us of backward, 248 us for the calls, 10 of forward."""
+    trace = _two_at_once()
     res = simulate(_batched(trace, 10.0), UNFUSED)
     durations = [f - s for s, f in zip(res.unit_start_us, res.unit_finish_us, strict=True)]
     assert [u.tensors for u in res.units] == [("a",), ("b",), ("c",)]
@@ -180,20 +186,7 @@ def test_a_cycle_pays_the_delay_of_a_call_issued_beside_compute_once() -> None:
     `bw.layer1` computes) has `a` pay it (170 us), not `b` (14 us), which runs right after on
     the same thread; `c`'s tick at 194 us finds no op computing (the forward waits for every
     call), so no delay: 104 us."""
-    trace = chain_trace(
-        [
-            ("bw.layer2", "backward", 10),
-            ("bw.layer1", "backward", 10),
-            ("fw.layer1", "forward", 5),
-            ("fw.layer2", "forward", 5),
-        ],
-        [
-            ("a", 20, "bw.layer2", ("fw.layer2",)),
-            ("b", 4, "bw.layer2", ("fw.layer2",)),
-            ("c", 4, "bw.layer1", ("fw.layer1",)),
-        ],
-        alpha=100.0,
-    )
+    trace = _two_at_once()
     comm = dataclasses.replace(
         trace.comm, batched_alpha_us=10.0, interference=Interference(comm_us_per_call=50.0)
     )
@@ -245,3 +238,11 @@ def test_the_framework_path_ignores_the_runtime_settings_batched_cost() -> None:
     )
     with_path = dataclasses.replace(trace, comm=dataclasses.replace(trace.comm, framework=path))
     assert framework_path_us(_batched(with_path, 0.0)) == framework_path_us(with_path)
+
+
+def test_a_what_if_keeps_the_batched_cost_as_it_keeps_alpha() -> None:
+    from pace.cost import what_if
+
+    comm = CommModel(workers=2, alpha_us=30.0, beta_us_per_byte=0.5, batched_alpha_us=8.0)
+    moved = what_if(comm, bandwidth_gbps=25.0, workers=4)
+    assert (moved.alpha_us, moved.batched_alpha_us) == (30.0, 8.0)

@@ -172,10 +172,11 @@ def with_batches(model: CommModel, fit: BatchFit) -> CommModel:
     sweep's lone call (``alpha_us``). A share, not the slope itself: the batches run after the
     sweep, and a host that slows down meanwhile slows both ends of the line alike (in
     bench_netns a lone tiny call once took 12.9 ms in the batches against 1.2-1.5 ms in the
-    same launch's sweep, each further one 4.0 ms: the share, 0.32, was that of every other
-    probe, 0.20-0.36). Held within [0, 1]: a line through noisy medians can dip below zero or
-    rise above a lone call (the fit, unclipped, is kept in the comm file's meta); where the
-    line at one is not above zero, the share is unknown and a further call costs a lone one."""
+    same launch's sweep, each further one 4.0 ms: the share, 0.32, was within the others',
+    0.20-0.59 over nine probes, 0.26-0.32 on loopback). Held within [0, 1]: a line through
+    noisy medians can dip below zero or rise above a lone call (the fit, unclipped, is kept in
+    the comm file's meta); where the line at one is not above zero, the share is unknown and a
+    further call costs a lone one."""
     share = fit.further_call_us / fit.first_call_us if fit.first_call_us > 0 else 1.0
     return dataclasses.replace(model, batched_alpha_us=model.alpha_us * min(max(0.0, share), 1.0))
 
