@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,13 @@ BATCH_WARMUP = 3
 
 
 def batch_times(
-    hvd: Any, torch: Any, counts: Sequence[int], reps: int, *, warmup: int = BATCH_WARMUP
+    hvd: Any,
+    torch: Any,
+    counts: Sequence[int],
+    reps: int,
+    *,
+    warmup: int = BATCH_WARMUP,
+    wait: Callable[[Any], object] | None = None,
 ) -> dict[int, list[float]]:
     """Per count ``k``, the slowest rank's seconds to all-reduce ``k`` tiny tensors issued at
     once (``allreduce_async_`` each, then ``synchronize`` on every handle, as
@@ -33,7 +39,9 @@ def batch_times(
     so the time grows by less than a lone call per further tensor; that slope is what a call
     negotiated beside others costs (``CommModel.batched_alpha_us``). Every batch starts from a
     tiny all-reduce (the ranks together), and the counts are interleaved per repetition, so a
-    host that slows down slows every count alike."""
+    host that slows down slows every count alike. ``wait``: how each handle is waited for
+    (default ``hvd.synchronize``, which spins, as vanilla Horovod's optimizer waits)."""
+    wait = wait or hvd.synchronize
     times: dict[int, list[float]] = {k: [] for k in counts}
     for rep in range(warmup + reps):
         for k in counts:
@@ -42,7 +50,7 @@ def batch_times(
             t0 = time.perf_counter()
             handles = [hvd.allreduce_async_(b, name=f"batch.{j}") for j, b in enumerate(bufs)]
             for h in handles:
-                hvd.synchronize(h)
+                wait(h)
             elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
             slowest = float(hvd.allgather(elapsed, name="batch.t").max())
             if rep >= warmup:
