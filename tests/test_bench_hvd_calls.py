@@ -52,3 +52,20 @@ def test_bench_hvd_calls_refuses_bad_counts(counts: str, said: str) -> None:
     assert out.returncode == 2
     assert said in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("flag", ["--launches", "--blocks"])
+def test_bench_hvd_wait_refuses_no_launches_or_blocks(flag: str) -> None:
+    """benchmarks/bench_hvd_wait.py needs root's namespaces to measure; its bad input is
+    refused before it makes any."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_hvd_wait.py"), flag, "0"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2
+    assert "must be >= 1" in out.stderr
+    assert "Traceback" not in out.stderr
