@@ -37,18 +37,23 @@ def test_bench_hvd_calls_times_every_count_under_both_settings() -> None:
     assert "each further call ms" in out.stdout
 
 
-@pytest.mark.parametrize(
-    ("counts", "said"), [("4", "two or more counts"), ("1,x", "whole numbers")]
-)
-def test_bench_hvd_calls_refuses_bad_counts(counts: str, said: str) -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_hvd_calls.py"), "--counts", counts],
+def _refused(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A benchmark run with bad arguments: argparse refuses them before any launch."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
         check=False,
         capture_output=True,
         text=True,
         timeout=60,
         cwd=ROOT,
     )
+
+
+@pytest.mark.parametrize(
+    ("counts", "said"), [("4", "two or more counts"), ("1,x", "whole numbers")]
+)
+def test_bench_hvd_calls_refuses_bad_counts(counts: str, said: str) -> None:
+    out = _refused("bench_hvd_calls.py", "--counts", counts)
     assert out.returncode == 2
     assert said in out.stderr
     assert "Traceback" not in out.stderr
@@ -58,14 +63,7 @@ def test_bench_hvd_calls_refuses_bad_counts(counts: str, said: str) -> None:
 def test_bench_hvd_wait_refuses_no_launches_or_blocks(flag: str) -> None:
     """benchmarks/bench_hvd_wait.py needs root's namespaces to measure; its bad input is
     refused before it makes any."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_hvd_wait.py"), flag, "0"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    out = _refused("bench_hvd_wait.py", flag, "0")
     assert out.returncode == 2
     assert "must be >= 1" in out.stderr
     assert "Traceback" not in out.stderr
