@@ -509,13 +509,9 @@ def worker_comm(args: argparse.Namespace) -> None:
     if args.backend == "horovod":
         # The further call's cost (``CommModel.batched_alpha_us``), as ``pace profile-comm``
         # measures it: the unfused baseline's tensors are negotiated a cycle's worth at once.
-        from pace.profiler._hvd_bench import BATCH_COUNTS, batch_times
-        from pace.profiler.comm import BATCH_REPS
+        from pace.profiler._hvd_bench import write_batches
 
-        batches = batch_times(hvd, torch, BATCH_COUNTS, BATCH_REPS)
-        if rank == 0:
-            us = {k: [t * 1e6 for t in ts] for k, ts in batches.items()}
-            Path(f"{args.out}.batches").write_text(json.dumps(us))
+        write_batches(hvd, torch, f"{args.out}.batches")
 
 
 def worker_interference(args: argparse.Namespace) -> None:
@@ -936,10 +932,9 @@ def fit_link(link: Link, backend: str, trace: Any, tmp: Path, reps: int) -> Any:
     comm = fit_absolute(samples)
     if backend != "horovod":
         return comm
-    from pace.profiler.comm import fit_batches, with_batches
+    from pace.profiler.comm import read_batches, with_batches
 
-    raw = json.loads(Path(f"{out}.batches").read_text())
-    batches = fit_batches({int(k): v for k, v in raw.items()})
+    batches = read_batches(f"{out}.batches")
     comm = with_batches(comm, batches)
     _say(
         "    tiny tensors issued at once (count: median ms): "

@@ -21,6 +21,10 @@ BATCH_COUNTS = (1, 2, 4, 8, 16)
 # Floats per tensor of a batch: its bytes cost nothing beside a call's fixed part.
 BATCH_ELEMENTS = 10
 BATCH_WARMUP = 3
+# Timed batches per count. A batch's time spreads about as widely as its median on a busy
+# 2-core host (bench_hvd_calls: IQR 2.7 to 16 ms at 16 tensors), so the median needs many; 60
+# take a few seconds.
+BATCH_REPS = 60
 
 
 def batch_times(
@@ -36,10 +40,11 @@ def batch_times(
     once (``allreduce_async_`` each, then ``synchronize`` on every handle, as
     ``hvd.DistributedOptimizer`` issues gradients whose hooks fire close together), one
     sample per repetition. Horovod negotiates the tensors submitted within one cycle together,
-    so the time grows by less than a lone call per further tensor; that slope is what a call
-    negotiated beside others costs (``CommModel.batched_alpha_us``). Every batch starts from a
-    tiny all-reduce (the ranks together), and the counts are interleaved per repetition, so a
-    host that slows down slows every count alike. ``wait``: how each handle is waited for
+    so the time grows by less than a lone call per further tensor; that slope, as a share of a
+    lone call, gives what a call negotiated beside others costs
+    (``CommModel.batched_alpha_us``). Every batch starts from a tiny all-reduce (the ranks
+    together), and the counts are interleaved per repetition, so a host that slows down slows
+    every count alike. ``wait``: how each handle is waited for
     (default ``hvd.synchronize``, which spins, as vanilla Horovod's optimizer waits)."""
     wait = wait or hvd.synchronize
     times: dict[int, list[float]] = {k: [] for k in counts}
@@ -58,6 +63,14 @@ def batch_times(
     return times
 
 
+def write_batches(hvd: Any, torch: Any, out: str) -> None:
+    """``batch_times`` of ``BATCH_COUNTS``, written by rank 0 to ``out`` as ``{count: [us,
+    ...]}`` (read back by ``pace.profiler.comm.read_batches``)."""
+    batches = batch_times(hvd, torch, BATCH_COUNTS, BATCH_REPS)
+    if hvd.rank() == 0:
+        Path(out).write_text(json.dumps({k: [t * 1e6 for t in ts] for k, ts in batches.items()}))
+
+
 def main() -> None:
     import horovod.torch as hvd
     import numpy as np
@@ -71,7 +84,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", required=True)
     ap.add_argument("--interference", action="store_true")
-    ap.add_argument("--batches", type=int, default=0, help="timed batches per count (0: none)")
+    ap.add_argument("--batches", action="store_true", help="also time batches (write_batches)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.interference:
@@ -99,10 +112,7 @@ def main() -> None:
     if hvd.rank() == 0:
         Path(args.out).write_text(json.dumps(results))
     if args.batches:
-        batches = batch_times(hvd, torch, BATCH_COUNTS, args.batches)
-        if hvd.rank() == 0:
-            us = {k: [t * 1e6 for t in ts] for k, ts in batches.items()}
-            Path(f"{args.out}.batches").write_text(json.dumps(us))
+        write_batches(hvd, torch, f"{args.out}.batches")
     if args.interference:
         from pace.profiler.interference import measure_on_rank
 

@@ -122,12 +122,6 @@ def poor_fit_warning(fit: CommFit) -> str | None:
     )
 
 
-# Timed batches per count of tensors issued at once (``_hvd_bench.batch_times``). A batch's
-# time spreads about as widely as its median on a busy 2-core host (bench_hvd_calls: IQR 2.7
-# to 16 ms at 16 tensors), so the median needs many; 60 take a few seconds.
-BATCH_REPS = 60
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BatchFit:
     """A least-squares line through the median batch times (``_hvd_bench.batch_times``) over
@@ -164,6 +158,12 @@ def fit_batches(times_us: Mapping[int, Sequence[float]]) -> BatchFit:
         r2=float(line.rvalue) ** 2,
         medians_us=medians,
     )
+
+
+def read_batches(path: str | Path) -> BatchFit:
+    """``fit_batches`` of the batch times ``_hvd_bench.write_batches`` wrote to ``path``."""
+    raw = json.loads(Path(path).read_text())
+    return fit_batches({int(k): v for k, v in raw.items()})
 
 
 def with_batches(model: CommModel, fit: BatchFit) -> CommModel:
@@ -319,7 +319,7 @@ def _run_horovod(
             "--out",
             out,
             *(["--interference"] if interference else []),
-            *([] if defaults else ["--batches", str(BATCH_REPS)]),
+            *([] if defaults else ["--batches"]),
         ]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         for key, value in HOROVOD_RUNTIME_ENV.items():
@@ -335,10 +335,7 @@ def _run_horovod(
             raise RuntimeError(f"horovodrun failed ({proc.returncode}): " + " | ".join(tail))
         data = json.loads(Path(out).read_text())
         term, r2 = _interference_of(f"{out}.interference", workers) if interference else (None, 1.0)
-        batches = None
-        if not defaults:
-            raw = json.loads(Path(f"{out}.batches").read_text())
-            batches = fit_batches({int(k): v for k, v in raw.items()})
+        batches = None if defaults else read_batches(f"{out}.batches")
     return [(int(b), float(u)) for b, u in data], term, r2, batches
 
 
