@@ -63,6 +63,10 @@ With ``--compare-path`` (Horovod), ``pace@path``: pace's schedule marked for Hor
 what ``pace.runtime.wrap`` trains where the compiler predicts that path faster than the units
 (``hvd.DistributedOptimizer`` under Horovod's defaults, its reductions waited for by the
 runtime's polling wait instead of Horovod's spinning one); not predicted apart from vanilla.
+With ``--compare-joins``, ``pace-nojoin``: pace's schedule compiled with no units joined. With
+``--compare-hedge``, ``pace-nohedge``: the schedule the calibrated model alone compiles to (no
+hedge over the probe's compute loss or a faster compute), which that model predicts no slower
+than `pace`'s, so the pair says whether the hedge's choice is the faster one on the link.
 
 Beside each prediction: ``calibrated`` (the same replay from the timed launch's own ``local``)
 and ``repeat`` (the calibration launch's own measurement of the same program: how far a
@@ -165,6 +169,11 @@ PATH_VARIANT = "pace@path"
 # no units joined (``compile_trace(join_units=False)``), beside `pace` in the same launch: what
 # joining units gives on the link, measured, not only replayed.
 NOJOIN_VARIANT = "pace-nojoin"
+# `pace-nohedge` (--compare-hedge): the schedule the calibrated model alone compiles to
+# (``compile_trace`` without ``hedge`` or ``compute_hedge``), beside `pace` (hedged over the
+# probe's compute loss and a faster compute) in the same launch: what hedging gives on the
+# link, measured, where the model alone ranks the nominal schedule first by construction.
+NOHEDGE_VARIANT = "pace-nohedge"
 # The Horovod variants that run under Horovod's own defaults (fusion, cache), not the runtime's.
 DEFAULT_SETTINGS_VARIANTS = frozenset({"vanilla", "local@vanilla", PATH_VARIANT})
 # The variants that pace.runtime drives (the rest: vanilla DDP or Horovod, and `local`s).
@@ -179,6 +188,7 @@ RUNTIME_VARIANTS = frozenset(
         "pace-serial",
         "pace-sync",
         NOJOIN_VARIANT,
+        NOHEDGE_VARIANT,
         *(f"{v}{AGAIN}" for v in COMPILED_MODES),
     }
 )
@@ -639,6 +649,7 @@ def worker_train(args: argparse.Namespace) -> None:
         f"pace{AGAIN}": args.again_schedule,
         PATH_VARIANT: args.path_schedule,
         NOJOIN_VARIANT: args.nojoin_schedule,
+        NOHEDGE_VARIANT: args.nohedge_schedule,
         f"pace-sync{AGAIN}": args.again_sync_schedule,
     }
     # The compiled modes whose schedule the compiler marked for Horovod's own path (its
@@ -1449,6 +1460,18 @@ def measure(args: argparse.Namespace) -> list[Row]:
                             f" ms; pace: {len(result.schedule.units)} units, predicted "
                             f"{result.schedule.predicted_iteration_us / 1e3:.1f} ms"
                         )
+                    if args.compare_hedge:
+                        nominal = compile_trace(compiled).schedule
+                        others[NOHEDGE_VARIANT] = nominal
+                        _say(
+                            f"    {NOHEDGE_VARIANT}: {len(nominal.units)} units, predicted "
+                            f"{nominal.predicted_iteration_us / 1e3:.1f} ms"
+                            + (
+                                " (the same program as pace's)"
+                                if _program(nominal) == _program(result.schedule)
+                                else ""
+                            )
+                        )
                     other_paths = {v: tmp / f"{rate}-{backend}.{v}.schedule.json" for v in others}
                     for v, schedule in others.items():
                         save_schedule(schedule, other_paths[v])
@@ -1594,7 +1617,7 @@ def _train(
 ) -> dict[str, list[float]]:
     """The timed launch; ``again``: the calibration's schedules to train too, by variant
     (``again_schedules``); ``others``: other schedules of the replay's mode to train too, by
-    variant (``NOJOIN_VARIANT``)."""
+    variant (``NOJOIN_VARIANT``, ``NOHEDGE_VARIANT``)."""
     again = again or {}
     others = others or {}
     common = ["--role", "train", "--backend", backend, "--schedule", str(schedule)]
@@ -2949,6 +2972,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--again-sync-schedule", help=argparse.SUPPRESS)
     ap.add_argument("--path-schedule", help=argparse.SUPPRESS)
     ap.add_argument("--nojoin-schedule", help=argparse.SUPPRESS)
+    ap.add_argument("--nohedge-schedule", help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="horovod", help=argparse.SUPPRESS)
     ap.add_argument("--rates", default="500mbit,1gbit,2gbit", help="tc rates, comma-separated")
     ap.add_argument("--backends", default="horovod,torch", help="horovod and/or torch")
@@ -2995,6 +3019,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help=f"also train variant {NOJOIN_VARIANT}: pace's schedule compiled with the order "
         "search's moves only, no units joined",
+    )
+    ap.add_argument(
+        "--compare-hedge",
+        action="store_true",
+        help=f"also train variant {NOHEDGE_VARIANT}: the schedule the calibrated model alone "
+        "compiles to, not hedged over the probe's compute loss or a faster compute",
     )
     ap.add_argument(
         "--horovod-env",

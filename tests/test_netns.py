@@ -98,12 +98,15 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
     out = tmp_path / "periods.json"
     argv = ["--role", "train", "--backend", backend, "--schedule", str(sched)]
     argv += ["--batch", "2", "--blocks", "2", "--steps", "2", "--out", str(out)]
-    argv += ["--variants", "vanilla,online,pace,local,local-free"]
+    # Another schedule of the replay's mode trains as a variant of its own (--compare-hedge's
+    # `pace-nohedge`; here the same file).
+    argv += ["--nohedge-schedule", str(sched)]
+    argv += ["--variants", f"vanilla,online,pace,{bench_netns.NOHEDGE_VARIANT},local,local-free"]
     with throttled_link() as link:
         set_rate(link, "1gbit")
         launch(link, backend, argv, bench_netns.pace_horovod_env())
     periods = json.loads(out.read_text())
-    assert set(periods) == {"vanilla", "online", "pace", "local", "local-free"}
+    assert set(periods) == {"vanilla", "online", "pace", "pace-nohedge", "local", "local-free"}
     assert all(len(v) == 4 and all(p > 0 for p in v) for v in periods.values())
     # Each timed block's lead-in iteration (it starts with nothing in flight) is kept apart.
     lead_in = json.loads(Path(f"{out}.lead_in").read_text())
@@ -125,7 +128,7 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
     for p, (fw, bw, st) in zip(periods["local"], phases["local"], strict=True):
         assert p == pytest.approx(fw + bw + st, abs=1e-6)
     # Every rank logged the runtime's units; lined up, they give each unit's channel time.
-    for variant in ("online", "pace"):
+    for variant in ("online", "pace", "pace-nohedge"):
         logs = bench_netns.read_unit_logs(Path(f"{out}.{variant}.units"))
         assert logs is not None
         assert len(logs) == 2
@@ -133,7 +136,7 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
         assert merged
         # Every iteration of the timed blocks logged its units, the lead-in and the last too:
         # what the channel time per iteration divides by.
-        if variant == "pace":
+        if variant != "online":
             assert len(merged) == 2 * per_block * len(schedule.units)
         assert all(us > 0 for _, us in merged)
         # Each rank marked every iteration of the timed blocks: where the channel idled.
@@ -155,6 +158,7 @@ def test_the_runtime_trains_vgg_over_the_link(backend: str, tmp_path: Path) -> N
         off = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"}
         assert settings["vanilla"] == dict.fromkeys(off)
         assert settings["pace"] == settings["online"] == settings["local"] == off
+        assert settings["pace-nohedge"] == off
 
 
 @pytest.mark.slow
