@@ -65,8 +65,8 @@ what ``pace.runtime.wrap`` trains where the compiler predicts that path faster t
 runtime's polling wait instead of Horovod's spinning one); not predicted apart from vanilla.
 With ``--compare-joins``, ``pace-nojoin``: pace's schedule compiled with no units joined. With
 ``--compare-hedge``, ``pace-nohedge``: the schedule the calibrated model alone compiles to (no
-hedge over the probe's compute loss or a faster compute), which that model predicts no slower
-than `pace`'s, so the pair says whether the hedge's choice is the faster one on the link.
+hedge over the probe's compute loss or a faster compute): the pair says whether the hedge's
+choice is the faster one on the link.
 
 Beside each prediction: ``calibrated`` (the same replay from the timed launch's own ``local``)
 and ``repeat`` (the calibration launch's own measurement of the same program: how far a
@@ -172,7 +172,9 @@ NOJOIN_VARIANT = "pace-nojoin"
 # `pace-nohedge` (--compare-hedge): the schedule the calibrated model alone compiles to
 # (``compile_trace`` without ``hedge`` or ``compute_hedge``), beside `pace` (hedged over the
 # probe's compute loss and a faster compute) in the same launch: what hedging gives on the
-# link, measured, where the model alone ranks the nominal schedule first by construction.
+# link, measured. Often the same program; where not, the model usually replays the nominal
+# one faster (the hedge trades time under it for less regret under the others), though a
+# hedge's candidate can also replay faster under it (the pipeline's search is not exhaustive).
 NOHEDGE_VARIANT = "pace-nohedge"
 # The Horovod variants that run under Horovod's own defaults (fusion, cache), not the runtime's.
 DEFAULT_SETTINGS_VARIANTS = frozenset({"vanilla", "local@vanilla", PATH_VARIANT})
@@ -2936,6 +2938,73 @@ def _print_channel(rows: Sequence[Row], *, markdown: bool = False) -> None:
         _print_table(head, lines, markdown=markdown)
 
 
+# The variants of a compiled mode that train a schedule the compiler chose after the
+# calibration launch, by the mode whose calibration schedule they replaced (``AGAIN``).
+REPLACING = {"pace": "pace", "pace-sync": "pace-sync", NOJOIN_VARIANT: "pace"}
+REPLACING[NOHEDGE_VARIANT] = "pace"
+
+
+class Replacement(NamedTuple):
+    """A schedule the compiler chose after the calibration launch (``variant``) against the
+    one that launch trained (``replaced``, trained again in the same timed launch): how much
+    faster the model said it was, and how much faster it measured (``1 - new / old``)."""
+
+    rate: str
+    backend: str
+    variant: str
+    replaced: str
+    predicted_gain: float
+    measured_gain: float
+
+
+def replacement_gains(rows: Sequence[Row]) -> list[Replacement]:
+    """Every new schedule of ``rows`` beside the calibration's it replaced, both measured in
+    one launch and predicted. The compiler picks the schedule its model replays fastest, so
+    where the model errs, its pick is the one it over-rates most (the selection's bias): the
+    calibration's schedule, whose own launch the model was fitted on, is the measured
+    reference the pick must beat."""
+    by = {(r.rate, r.backend, r.variant): r for r in rows}
+    out = []
+    for r in rows:
+        mode = REPLACING.get(r.variant)
+        old = by.get((r.rate, r.backend, f"{mode}{AGAIN}")) if mode else None
+        if old is None or r.predicted_ms is None or old.predicted_ms is None:
+            continue
+        out.append(
+            Replacement(
+                r.rate,
+                r.backend,
+                r.variant,
+                old.variant,
+                1.0 - r.predicted_ms / old.predicted_ms,
+                1.0 - r.measured_ms / old.measured_ms,
+            )
+        )
+    return out
+
+
+def _print_replacements(rows: Sequence[Row], *, markdown: bool = False) -> None:
+    gains = replacement_gains(rows)
+    if not gains:
+        return
+    head = ["rate", "backend", "variant", "against", "predicted gain", "measured gain"]
+    lines = [
+        [
+            g.rate,
+            g.backend,
+            g.variant,
+            g.replaced,
+            f"{g.predicted_gain:+.1%}",
+            f"{g.measured_gain:+.1%}",
+        ]
+        for g in gains
+    ]
+    _print_table(head, lines, markdown=markdown)
+    predicted = statistics.median(g.predicted_gain for g in gains)
+    measured = statistics.median(g.measured_gain for g in gains)
+    print(f"median over {len(gains)}: predicted {predicted:+.1%}, measured {measured:+.1%}")
+
+
 def _print_idle(rows: Sequence[Row], *, markdown: bool = False) -> None:
     """Per overlapped variant: where its channel idled in an iteration (``IdleSplit``),
     measured and in the replay: the part of a period's miss that is not the channel's."""
@@ -3107,6 +3176,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "much later than the other rank it issued"
     )
     _print_idle(rows, markdown=args.markdown)
+    if replacement_gains(rows):
+        print()
+        print(
+            "the compiler's schedules against the calibration launch's they replaced (`@cal`, "
+            "trained again in the same launch): gain = 1 - new / old, predicted (the model "
+            "that chose them) and measured"
+        )
+        _print_replacements(rows, markdown=args.markdown)
     return 0
 
 

@@ -24,6 +24,7 @@ from benchmarks.bench_netns import (
     ranking_agreement,
     read_cpu,
     read_threads,
+    replacement_gains,
     within_noise,
 )
 
@@ -337,3 +338,26 @@ def test_every_prediction_gets_exactly_one_cause_and_the_model_only_when_nothing
     summary = cause_summary([row])
     assert f"1 {got}" in summary
     assert ("1gbit torch pace" in summary) == (got == "the model")
+
+
+def test_replacement_gains_pair_each_new_schedule_with_the_one_it_replaced() -> None:
+    rows = [
+        _row("pace", 540.0, 30.0, 500.0),
+        _row("pace@cal", 550.0, 30.0, 520.0),  # the calibration's: predicted 20 ms slower
+        _row("pace-nohedge", 600.0, 30.0, 490.0),  # the nominal pick: predicted fastest
+        _row("pace-sync", 610.0, 30.0, 600.0),  # no `pace-sync@cal`: nothing replaced
+        _row("pace", 300.0, 30.0, 290.0, rate="2gbit"),  # another rate: its own pairs
+        _row("pace@cal", 280.0, 30.0, 300.0, rate="2gbit"),
+    ]
+    gains = {(g.rate, g.variant): g for g in replacement_gains(rows)}
+    assert set(gains) == {("1gbit", "pace"), ("1gbit", "pace-nohedge"), ("2gbit", "pace")}
+    g = gains["1gbit", "pace"]
+    assert g.replaced == "pace@cal"
+    assert g.predicted_gain == pytest.approx(1 - 500 / 520)
+    assert g.measured_gain == pytest.approx(1 - 540 / 550)
+    # The model's favourite measured slower than the schedule it replaced: a negative gain.
+    assert gains["1gbit", "pace-nohedge"].measured_gain == pytest.approx(1 - 600 / 550)
+    assert gains["2gbit", "pace"].measured_gain < 0 < gains["2gbit", "pace"].predicted_gain
+    # No prediction, no pair.
+    unpredicted = [*rows[:1], dataclasses.replace(rows[1], predicted_ms=None)]
+    assert replacement_gains(unpredicted) == []
