@@ -91,7 +91,12 @@ Each variant's host CPU per iteration is printed split by thread (``read_threads
 training thread, pace's own threads, the backend's (gloo's or Horovod's C++ threads) and the
 kernel's remainder, summed over the ranks.
 
-The last table judges each rate and backend by the goal this benchmark answers: ``pace`` never
+Where the compiler replaced a calibration launch's schedule, a table sets each new schedule
+beside the one it replaced, trained again in the same launch: the gain the model that chose it
+replayed, and the gain measured (``replacement_gains``). The compiler picks what its model
+replays fastest, so where the model errs it is biased towards its pick; this measures how much.
+
+The goal table judges each rate and backend by the goal this benchmark answers: ``pace`` never
 slower than vanilla beyond the spread (``against_vanilla``: the medians' 95% CIs apart), and
 1.15x over vanilla wherever vanilla's communication is exposed (its period over its ``local``'s)
 by 15% or more (``goal_verdict``; ``out of reach`` where no schedule could gain that much).
