@@ -1493,13 +1493,18 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     for v, schedule in again.items():
                         save_schedule(schedule, again_paths[v])
                     programs = ((result.schedule, sync), cal, again, others)
-                    if args.keep:  # the trace the schedule was compiled from, and the schedule
+                    if args.keep:  # the trace the schedules were compiled from, and every one
                         keep = Path(args.keep)
                         keep.mkdir(parents=True, exist_ok=True)
                         save_trace(compiled, keep / f"{rate}-{backend}.trace.json.gz")
                         for alt in hedge:
                             save_trace(alt, keep / f"{rate}-{backend}.probe-loss.trace.json.gz")
-                        shutil.copy(sched_path, keep / sched_path.name)
+                        sync_path = tmp / f"{rate}-{backend}.sync.schedule.json"
+                        # The sync mode's, the other variants' (pace-nojoin, pace-nohedge) and
+                        # the calibration's trained again: every program the launch trained.
+                        kept = (sched_path, sync_path, *other_paths.values())
+                        for path in (*kept, *again_paths.values()):
+                            shutil.copy(path, keep / path.name)
                     if job_local_ms:  # every prediction from the calibration run's compute
                         sims = of_programs(
                             functools.partial(
