@@ -1455,7 +1455,8 @@ def measure(args: argparse.Namespace) -> list[Row]:
                         _say_compute_hedge(mode, compiled_mode)
                     _say_framework("pace", result)
                     _say_framework("pace-sync", sync_result)
-                    save_schedule(sync, tmp / f"{rate}-{backend}.sync.schedule.json")
+                    sync_path = tmp / f"{rate}-{backend}.sync.schedule.json"
+                    save_schedule(sync, sync_path)
                     others = {}
                     if args.compare_joins:
                         others[NOJOIN_VARIANT] = compile_trace(
@@ -1499,11 +1500,14 @@ def measure(args: argparse.Namespace) -> list[Row]:
                         save_trace(compiled, keep / f"{rate}-{backend}.trace.json.gz")
                         for alt in hedge:
                             save_trace(alt, keep / f"{rate}-{backend}.probe-loss.trace.json.gz")
-                        sync_path = tmp / f"{rate}-{backend}.sync.schedule.json"
                         # The sync mode's, the other variants' (pace-nojoin, pace-nohedge) and
                         # the calibration's trained again: every program the launch trained.
-                        kept = (sched_path, sync_path, *other_paths.values())
-                        for path in (*kept, *again_paths.values()):
+                        for path in (
+                            sched_path,
+                            sync_path,
+                            *other_paths.values(),
+                            *again_paths.values(),
+                        ):
                             shutil.copy(path, keep / path.name)
                     if job_local_ms:  # every prediction from the calibration run's compute
                         sims = of_programs(
@@ -2950,8 +2954,12 @@ def _print_channel(rows: Sequence[Row], *, markdown: bool = False) -> None:
 
 # The variants of a compiled mode that train a schedule the compiler chose after the
 # calibration launch, by the mode whose calibration schedule they replaced (``AGAIN``).
-REPLACING = {"pace": "pace", "pace-sync": "pace-sync", NOJOIN_VARIANT: "pace"}
-REPLACING[NOHEDGE_VARIANT] = "pace"
+REPLACING = {
+    "pace": "pace",
+    "pace-sync": "pace-sync",
+    NOJOIN_VARIANT: "pace",
+    NOHEDGE_VARIANT: "pace",
+}
 
 
 class Replacement(NamedTuple):
@@ -2993,10 +3001,7 @@ def replacement_gains(rows: Sequence[Row]) -> list[Replacement]:
     return out
 
 
-def _print_replacements(rows: Sequence[Row], *, markdown: bool = False) -> None:
-    gains = replacement_gains(rows)
-    if not gains:
-        return
+def _print_replacements(gains: Sequence[Replacement], *, markdown: bool = False) -> None:
     head = ["rate", "backend", "variant", "against", "predicted gain", "measured gain"]
     lines = [
         [
@@ -3186,14 +3191,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "much later than the other rank it issued"
     )
     _print_idle(rows, markdown=args.markdown)
-    if replacement_gains(rows):
+    if gains := replacement_gains(rows):
         print()
         print(
             "the compiler's schedules against the calibration launch's they replaced (`@cal`, "
             "trained again in the same launch): gain = 1 - new / old, predicted (the model "
             "that chose them) and measured"
         )
-        _print_replacements(rows, markdown=args.markdown)
+        _print_replacements(gains, markdown=args.markdown)
     return 0
 
 
