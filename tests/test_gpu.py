@@ -264,14 +264,15 @@ def test_cli_profiles_on_cuda_and_the_trace_compiles(tmp_path: Path) -> None:
 class _SideStreamBackend:
     """One rank whose reduction runs on a side stream after ~2 ms of device sleep; ``wait``
     orders the caller's stream after it without blocking the host (as NCCL's non-blocking
-    wait). Averaging over one rank is the identity: x * 2 on the side stream, * 0.5 after.
-    A copy-back or update that read the buffer before the side stream finished would see x,
-    not x * 2, and the result would be x / 2."""
+    wait). Averaging over one rank is the identity: x * 2 on the side stream, then the
+    runtime's * 0.5 (``post_scale``). A scaling, copy-back or update that read the buffer before
+    the side stream finished would see x, not x * 2, and the result would be x / 2."""
 
     name = "side-stream"
     rank = 0
     size = 1
     in_order = True
+    post_scale = 0.5
 
     def __init__(self) -> None:
         self.stream = torch.cuda.Stream()
@@ -288,11 +289,10 @@ class _SideStreamBackend:
         return (buf, done)
 
     def wait(self, handle: Any, timeout_s: float) -> None:
-        buf, done = handle
+        _, done = handle
         t0 = time.perf_counter()
         torch.cuda.current_stream().wait_event(done)
         self.host_blocked_s += time.perf_counter() - t0
-        buf.mul_(0.5)
 
     def broadcast_from_rank0(self, tensors: Any, name: str) -> None:
         """One rank."""

@@ -463,6 +463,7 @@ class _StuckBackend:
     rank = 3
     size = 2
     in_order = False
+    post_scale = 0.5
 
     def start(self, buf: Any, name: str) -> Any:
         return name
@@ -593,6 +594,7 @@ class _CountingBackend:
     name = "counting"
     rank = 0
     size = 1
+    post_scale = 1.0
 
     def __init__(self, in_order: bool) -> None:
         self.in_order = in_order

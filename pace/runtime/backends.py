@@ -1,10 +1,11 @@
 """Collective backends: Horovod (``horovod.torch.mpi_ops``) and ``torch.distributed``.
 
-A backend starts an in-place averaging all-reduce of a contiguous tensor and waits for it with a
-time limit. Averaging is Horovod's ``op=Average``: sum over ranks, then multiply by
-``1 / size`` (Horovod's ``postscale_factor``; ``torch.distributed`` does the same multiply
-after its sum so both backends give the same bits). For a power-of-two number of ranks this is
-also bitwise what DDP computes (it divides before summing; scaling by a power of two is exact).
+A backend starts an in-place all-reduce of a contiguous tensor and waits for it with a time
+limit; the average is the sum over ranks times ``1 / size``. Horovod's ``op=Average`` multiplies
+itself (its ``postscale_factor``); with ``torch.distributed`` the caller applies the backend's
+``post_scale`` after the sum, the same multiply, so both backends give the same bits. For a
+power-of-two number of ranks this is also bitwise what DDP computes (it divides before summing;
+scaling by a power of two is exact).
 """
 
 from __future__ import annotations
@@ -52,11 +53,19 @@ class Backend(Protocol):
     in_order: bool
 
     def start(self, buf: torch.Tensor, name: str) -> Any:
-        """Start an in-place averaging all-reduce of contiguous ``buf``; returns a handle."""
+        """Start an in-place all-reduce of contiguous ``buf`` (an average once scaled by
+        ``post_scale``); returns a handle."""
         ...
 
+    # What the caller multiplies the reduced buffer by to make the sum an average (``1 /
+    # size``), or 1.0 where the collective averages itself (Horovod's ``op=Average``). The
+    # caller does it, not ``wait``: it can write the product straight into the gradients a
+    # packed unit came from, one pass over the bytes instead of a scale and a copy.
+    post_scale: float
+
     def wait(self, handle: Any, timeout_s: float) -> None:
-        """Wait for ``handle``; raise ``CollectiveTimeoutError`` or the backend's error."""
+        """Wait for ``handle``: its buffer then holds the reduction, which times ``post_scale``
+        is the average. Raise ``CollectiveTimeoutError`` or the backend's error."""
         ...
 
     def broadcast_from_rank0(self, tensors: list[torch.Tensor], name: str) -> None:
@@ -129,6 +138,7 @@ class HorovodBackend:
     """``horovod.torch.mpi_ops.allreduce_async_`` with ``op=Average``, fusion and cache off."""
 
     name = "horovod"
+    post_scale = 1.0  # op=Average multiplies by 1 / size itself (its postscale)
 
     def __init__(self) -> None:
         hvd = import_horovod()
@@ -196,7 +206,7 @@ class TorchBackend:
         self._dist = dist
         self.rank = int(dist.get_rank())
         self.size = int(dist.get_world_size())
-        self._scale = 1.0 / self.size
+        self.post_scale = 1.0 / self.size
         kind = str(dist.get_backend()).lower()
         self._nccl = "nccl" in kind
         self._gloo: Any = None
@@ -220,14 +230,13 @@ class TorchBackend:
         work, buf = handle
         if self._nccl and buf.is_cuda:
             # Stream-ordered, as DDP's: the caller's current stream waits for NCCL's, and the
-            # copy-back, the scaling and the update it launches next run after the reduction
+            # scaling, the copy-back and the update it launches next run after the reduction
             # on the device, while the host goes on. A wait with a time limit would block this
             # thread until the GPU finished, so the updates (and through the forward's waits,
             # the next forward) could not be queued ahead: the host would stall the device
             # once per unit (measured: +40% per iteration on ResNet-50, docs/gpu.md). NCCL's
             # own watchdog enforces the process group's timeout instead.
             work.wait()
-            buf.mul_(self._scale)
             return
         try:
             work.wait(timeout=timedelta(seconds=timeout_s))
@@ -235,7 +244,6 @@ class TorchBackend:
             if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
                 raise CollectiveTimeoutError(str(exc).splitlines()[0]) from exc
             raise
-        buf.mul_(self._scale)
 
     def broadcast_from_rank0(self, tensors: list[torch.Tensor], name: str) -> None:
         # DDP's own coalesced broadcast on the default group (as DDP: its process group).

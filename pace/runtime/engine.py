@@ -784,11 +784,7 @@ class Engine:
                 self._last_done_s = now
                 self._monitor.on_unit_done(f.unit.index, f.nbytes, (now - start) * 1e6)
             self._chaos(rng)
-            if f.copy_back:
-                # One call for the whole unit (on a GPU one launch, not one per piece).
-                torch._foreach_copy_(
-                    [view for view, _, _ in f.copy_back], [f.buf[a:b] for _, a, b in f.copy_back]
-                )
+            average_pieces(f.buf, f.copy_back, self.backend.post_scale)
             n_params = len(self.params)
             if f.bitmap_at >= 0:
                 threshold = 1.0 - 0.5 / self.backend.size
@@ -865,6 +861,33 @@ class Engine:
 
 class _StoppedError(Exception):
     """Internal: the engine is shutting down."""
+
+
+def average_pieces(
+    buf: torch.Tensor, copy_back: Sequence[tuple[torch.Tensor, int, int]], scale: float
+) -> None:
+    """Make a reduced ``buf`` the average (times ``scale``, ``Backend.post_scale``) and hand
+    each packed piece back to its gradient (``copy_back``: the gradient view and its span in
+    ``buf``; empty where the unit was reduced in place). What follows the pieces in ``buf``
+    (the online mode's readiness and used maps) is scaled in place.
+
+    On the CPU each piece is written by one multiply, straight from the buffer into its
+    gradient: one pass over the unit's bytes fewer than scaling the buffer and copying it back,
+    the same product, so the same bits (benchmarks/bench_copy_back.py). On a GPU the buffer is
+    scaled and copied back in two launches for the whole unit rather than one per piece."""
+    if not copy_back or buf.is_cuda or scale == 1.0:
+        if scale != 1.0:
+            buf.mul_(scale)
+        if copy_back:
+            torch._foreach_copy_(
+                [view for view, _, _ in copy_back], [buf[a:b] for _, a, b in copy_back]
+            )
+        return
+    for view, a, b in copy_back:
+        torch.mul(buf[a:b], scale, out=view)
+    packed = copy_back[-1][2]
+    if packed < buf.numel():
+        buf[packed:].mul_(scale)
 
 
 def _itemsize(info: ParamInfo) -> int:
