@@ -10,7 +10,7 @@ benchmark's schedules pack them:
 
 * ``scale+copy``: scale the whole buffer in place, then one ``torch._foreach_copy_`` of the
   pieces (what the runtime did before; still its way on a GPU);
-* ``multiply-into``: ``pace.runtime.engine.average_pieces``, one ``torch.mul(..., out=)`` per
+* ``multiply-into``: ``pace.runtime.average_pieces``, one ``torch.mul(..., out=)`` per
   piece, straight from the buffer into the gradient.
 
 An iteration averages every unit once at two ranks' scale (0.5); each unit has a buffer of its
@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks._common import iqr  # noqa: E402
 from pace.profiler.workloads import vgg_cifar  # noqa: E402
-from pace.runtime.engine import average_pieces  # noqa: E402
+from pace.runtime import average_pieces  # noqa: E402
 
 SCALE = 0.5  # two ranks
 CopyBack = list[tuple[torch.Tensor, int, int]]

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pace.runtime.engine import average_pieces
+from pace.runtime import average_pieces
 
 _BITS = {
     torch.float64: torch.int64,

@@ -16,6 +16,7 @@ Horovod only when the Horovod backend is used.
 
 from __future__ import annotations
 
+from pace.runtime.engine import average_pieces
 from pace.runtime.optimizer import (
     ONLINE_CREDIT_BYTES,
     PaceOptimizer,
@@ -41,6 +42,7 @@ __all__ = [
     "PlanUnit",
     "ReplayPlan",
     "RuntimeOptions",
+    "average_pieces",
     "partition_params",
     "plan_from_schedule",
     "wfbp_plan",
