@@ -38,6 +38,7 @@ if str(ROOT) not in sys.path:
 from benchmarks._common import iqr  # noqa: E402
 from pace.profiler.workloads import vgg_cifar  # noqa: E402
 from pace.runtime import average_pieces  # noqa: E402
+from pace.runtime.engine import scale_then_copy  # noqa: E402
 
 SCALE = 0.5  # two ranks
 CopyBack = list[tuple[torch.Tensor, int, int]]
@@ -50,6 +51,7 @@ def packed_units(unit_bytes: int) -> list[tuple[torch.Tensor, CopyBack]]:
     grads = [torch.randn(p.numel()) for p in reversed(list(vgg_cifar(10).parameters()))]
     units: list[tuple[torch.Tensor, CopyBack]] = []
     pieces: list[torch.Tensor] = []
+    pending_bytes = 0
 
     def close() -> None:
         spans, at = [], 0
@@ -61,16 +63,13 @@ def packed_units(unit_bytes: int) -> list[tuple[torch.Tensor, CopyBack]]:
 
     for g in grads:
         pieces.append(g)
-        if sum(x.numel() * x.element_size() for x in pieces) >= unit_bytes:
+        pending_bytes += g.numel() * g.element_size()
+        if pending_bytes >= unit_bytes:
             close()
+            pending_bytes = 0
     if pieces:
         close()
     return units
-
-
-def scale_then_copy(buf: torch.Tensor, copy_back: CopyBack, scale: float) -> None:
-    buf.mul_(scale)
-    torch._foreach_copy_([v for v, _, _ in copy_back], [buf[a:b] for _, a, b in copy_back])
 
 
 WAYS: dict[str, Callable[[torch.Tensor, CopyBack, float], None]] = {

@@ -197,11 +197,10 @@ def _copy_us_per_byte(like: torch.Tensor, reps: int = 5) -> float:
 
     numel = COPY_SAMPLE_BYTES // like.element_size()
     flat = torch.zeros(numel, dtype=like.dtype, device=like.device)
-    spans = [
-        (int(c.storage_offset()), int(c.storage_offset() + c.numel()))
-        for c in flat.chunk(COPY_SAMPLE_PIECES)
-    ]
-    copy_back = [(torch.empty(b - a, dtype=like.dtype, device=like.device), a, b) for a, b in spans]
+    copy_back, at = [], 0
+    for piece in flat.chunk(COPY_SAMPLE_PIECES):
+        copy_back.append((torch.empty_like(piece), at, at + piece.numel()))
+        at += piece.numel()
     on_cuda = flat.is_cuda
 
     def sync() -> None:

@@ -876,18 +876,26 @@ def average_pieces(
     the same product, so the same bits (benchmarks/bench_copy_back.py). On a GPU the buffer is
     scaled and copied back in two launches for the whole unit rather than one per piece."""
     if not copy_back or buf.is_cuda or scale == 1.0:
-        if scale != 1.0:
-            buf.mul_(scale)
-        if copy_back:
-            torch._foreach_copy_(
-                [view for view, _, _ in copy_back], [buf[a:b] for _, a, b in copy_back]
-            )
+        scale_then_copy(buf, copy_back, scale)
         return
     for view, a, b in copy_back:
         torch.mul(buf[a:b], scale, out=view)
     packed = copy_back[-1][2]
     if packed < buf.numel():
         buf[packed:].mul_(scale)
+
+
+def scale_then_copy(
+    buf: torch.Tensor, copy_back: Sequence[tuple[torch.Tensor, int, int]], scale: float
+) -> None:
+    """``average_pieces`` in two calls for the whole unit: scale ``buf`` in place (unless
+    ``scale`` is 1), then copy every piece back (on a GPU two launches, not one per piece)."""
+    if scale != 1.0:
+        buf.mul_(scale)
+    if copy_back:
+        torch._foreach_copy_(
+            [view for view, _, _ in copy_back], [buf[a:b] for _, a, b in copy_back]
+        )
 
 
 def _itemsize(info: ParamInfo) -> int:
