@@ -370,6 +370,49 @@ def test_copy_back_and_updates_follow_the_reduction_on_the_stream(
         assert torch.equal(a, b), name
 
 
+@gpu
+@pytest.mark.parametrize("mode", ["overlap", "sync"])
+def test_a_forward_on_a_side_stream_is_refused(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """The runtime is ordered with the default stream only: a forward under
+    ``torch.cuda.stream(s)`` is refused, not silently raced (docs/gpu.md)."""
+    import pace.runtime
+    from pace.errors import RuntimeReplayError
+    from pace.runtime import optimizer as runtime_optimizer
+
+    monkeypatch.setattr(runtime_optimizer, "make_backend", lambda _name: _SideStreamBackend())
+    model = ConvNet().cuda()
+    opt = pace.runtime.wrap(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model,
+        _schedule(model, mode),
+        backend="torch",
+        sync=mode == "sync",
+        broadcast_buffers=False,
+    )
+    x = torch.randn(4, 3, 8, 8, device="cuda")
+    y = torch.randint(0, 5, (4,), device="cuda")
+    for _ in range(2):  # on the default stream: trains
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        with pytest.raises(RuntimeReplayError, match=r"rank 0: .*non-default CUDA stream"):
+            model(x)
+        if mode == "overlap":
+            with (
+                pytest.raises(RuntimeReplayError, match="non-default CUDA stream"),
+                torch.no_grad(),
+            ):
+                model(x)
+        else:
+            with torch.no_grad():
+                model(x)
+    torch.cuda.synchronize()
+    opt.close()  # type: ignore[attr-defined]
+
+
 def _launch(nproc: int, backend: str, *extra: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
     cmd += ["--master-port", str(free_port()), str(WORKER), "--backend", backend, *extra]

@@ -270,6 +270,32 @@ def test_misuse_is_reported_not_silently_wrong() -> None:
         opt.step(lambda: 0.0)
 
 
+@pytest.mark.parametrize("mode", ["overlap", "sync"])
+def test_a_forward_on_a_side_cuda_stream_is_refused(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """docs/gpu.md: the runtime is ordered with the default CUDA stream only. The stream check
+    is stood in for (no GPU here); tests/test_gpu.py runs the real one. A forward without
+    gradients stays allowed in the sync mode, where the user's own step updates."""
+    model = net()
+    sched = dataclasses.replace(schedule_for(model), mode=mode)
+    opt = pace.runtime.wrap(
+        torch.optim.SGD(model.parameters(), lr=0.1), model, sched, sync=mode == "sync"
+    )
+    x = torch.randn(4, 6)
+    train(model, opt, steps=2, sched=False)  # on the default stream: trains
+    monkeypatch.setattr(runtime_optimizer, "_on_default_stream", lambda _device: False)
+    with pytest.raises(RuntimeReplayError, match=r"rank 0: .*non-default CUDA stream"):
+        model(x)
+    if mode == "sync":
+        with torch.no_grad():
+            model(x)
+    else:
+        with pytest.raises(RuntimeReplayError, match="non-default CUDA stream"), torch.no_grad():
+            model(x)
+    opt.close()  # type: ignore[attr-defined]
+
+
 def test_unused_parameter_is_left_alone_like_ddp_find_unused_parameters() -> None:
     """torch backend = DDP(find_unused_parameters=True): a parameter no rank used keeps
     ``.grad`` None and the optimizer skips it (weight decay does not move it)."""

@@ -659,7 +659,7 @@ def _install_hooks(
     """Gradient hooks; forward pre-hooks that wait for updates (overlapped mode); DDP's buffer
     broadcast. ``model`` is what the user calls (maybe compiled), ``module`` its own module."""
     index = {id(p): i for i, p in enumerate(params)}
-    handles: list[Any] = []
+    handles: list[Any] = [_stream_guard(engine, model, params[0].device)]
     for i, p in enumerate(params):
 
         def on_grad(_: torch.Tensor, i: int = i) -> None:
@@ -699,6 +699,37 @@ def _install_hooks(
 
     handles.append(model.register_state_dict_pre_hook(before_state_dict))  # type: ignore[no-untyped-call]
     return handles
+
+
+def _on_default_stream(device: torch.device) -> bool:
+    """Whether the calling thread's current CUDA stream on ``device`` is its default stream
+    (always True off CUDA)."""
+    if device.type != "cuda":
+        return True
+    return bool(torch.cuda.current_stream(device) == torch.cuda.default_stream(device))
+
+
+def _stream_guard(engine: Engine, model: torch.nn.Module, device: torch.device) -> Any:
+    """Refuse a forward on a side CUDA stream (``with torch.cuda.stream(s):``, CUDA graph
+    capture): the runtime packs, reduces, copies back and updates on each of its threads'
+    default streams, so it is ordered with a training step on the default stream only. On a
+    side stream the backward's gradients could be read before they are written, and an
+    overlapped update could land under a forward that reads the parameter."""
+
+    def pre(_m: torch.nn.Module, _args: Any) -> None:
+        # A forward without gradients on a side stream is the user's own business in the sync
+        # mode (their optimizer.step() updates on their stream); in the overlapped mode the
+        # runtime's updates may still be in flight on the default stream.
+        if (torch.is_grad_enabled() or not engine.sync) and not _on_default_stream(device):
+            engine.refuse(
+                f"rank {engine.backend.rank}: the model's forward runs on a non-default CUDA "
+                "stream; pace.runtime orders its reductions, copy-backs and updates with the "
+                "default stream only, so gradients and parameters could be read before they "
+                "are written. Run the training step on the default stream (outside "
+                "torch.cuda.stream(...) and CUDA graph capture), or train this loop with DDP"
+            )
+
+    return model.register_forward_pre_hook(pre)
 
 
 def _buffer_hooks(
