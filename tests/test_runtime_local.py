@@ -7,6 +7,7 @@ quickly, without launching processes. Misuse, time-outs and shutdown are checked
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import socket
@@ -268,6 +269,106 @@ def test_misuse_is_reported_not_silently_wrong() -> None:
     opt.close()  # type: ignore[attr-defined]
     with pytest.raises(InputError, match="closure"):
         opt.step(lambda: 0.0)
+
+
+class ReadsAhead(nn.Module):
+    """The parent reads its child's bias (and a list with the child's weight) before the
+    child's forward runs: reads the child's pre-hook does not cover."""
+
+    def __init__(self, own_mode: bool) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 16)
+        self.b = nn.Linear(16, 3)
+        self.own_mode = own_mode
+
+    def forward(self, x: Any) -> Any:
+        # The model's own torch function mode around its body: the guard must not pop it.
+        with _Passthrough() if self.own_mode else contextlib.nullcontext():
+            h = torch.tanh(self.a(x))
+            h = h[:, :3] + self.b.bias
+            w = torch.cat([self.b.weight, self.b.weight])  # a TensorList argument
+            return self.b(torch.tanh(h @ w[:3, :3]).repeat(1, 6)[:, :16])
+
+
+class _Passthrough(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+def test_read_guard_is_on_only_while_updates_are_in_flight_and_pops_only_itself() -> None:
+    from pace.runtime.reads import ReadGuard
+
+    p, q = nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(2))
+    in_flight = [True]
+    waits: list[tuple[list[int], str]] = []
+    guard = ReadGuard(
+        [p, q], ["p", "q"], lambda i, what: waits.append((list(i), what)), lambda: in_flight[0]
+    )
+
+    def depth() -> int:
+        return int(torch._C._len_torch_function_stack())
+
+    guard.begin()
+    assert depth() == 1
+    _ = p + 1  # the first read of p waits
+    _ = torch.cat([p, p])  # not again
+    assert waits == [([0], "read of 'p' before its module's forward")]
+    with _Passthrough() as own:
+        in_flight[0] = False
+        guard.waited([1])  # nothing in flight, but the forward's own mode is on top: stays
+        assert depth() == 2
+        assert torch._C._get_function_stack_at(1) is own
+    assert torch._C._get_function_stack_at(0) is guard
+    guard.end()
+    assert depth() == 0
+    guard.begin()  # nothing in flight at the start: not entered
+    assert depth() == 0
+    _ = q + 1
+    guard.end()
+    in_flight[0] = True
+    guard.begin()
+    in_flight[0] = False
+    guard.waited([0])  # the last update landed: the guard leaves at once
+    assert depth() == 0
+    _ = q + 1
+    guard.end()
+    assert depth() == 0
+    assert len(waits) == 1
+
+
+@pytest.mark.parametrize("own_mode", [False, True])
+@pytest.mark.parametrize("delay_s", [0.0, 0.002])
+def test_a_parameter_read_before_its_modules_forward_waits_for_its_update(
+    delay_s: float, own_mode: bool
+) -> None:
+    """Bitwise the plain optimizer although updates are in flight when the parent reads the
+    child's parameters (without pace.runtime.reads the result differs, silently)."""
+
+    def trained(wrap: bool) -> list[Any]:
+        torch.manual_seed(0)
+        model = ReadsAhead(own_mode)
+        opt: Any = torch.optim.SGD(model.parameters(), lr=0.5)
+        if wrap:
+            sched = dataclasses.replace(
+                schedule_for(net()),
+                units=tuple(
+                    Unit(
+                        priority=k,
+                        slices=(Slice(tensor=n, offset_bytes=0, size_bytes=4 * p.numel()),),
+                    )
+                    for k, (n, p) in enumerate(model.named_parameters())
+                ),
+            )
+            opt = pace.runtime.wrap(opt, model, sched, inject_delay_s=delay_s)
+        train(model, opt, steps=10, sched=False)
+        if wrap:
+            opt.synchronize()
+            opt.close()
+        assert torch._C._len_torch_function_stack() == 0  # the guard left no mode behind
+        return [p.detach().clone() for p in model.parameters()]
+
+    for a, b in zip(trained(False), trained(True), strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("mode", ["overlap", "sync"])

@@ -78,6 +78,7 @@ COMMON: dict[str, Expect] = {
     **_modes("bf16"),
     **_modes("tied"),
     **_modes("frozen"),
+    **_modes("reads-ahead"),
     **_modes("onecycle-resume"),
 }
 # Run after every case above (a refused run must not disturb a later one), then a plain case.

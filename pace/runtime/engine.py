@@ -383,6 +383,10 @@ class Engine:
         # forward compute is the span minus this).
         self.blocked_s += time.perf_counter() - t0
 
+    def pending(self) -> bool:
+        """Whether a parameter's update of a closed iteration is still in flight."""
+        return min(self.updated, default=self.steps) < self.steps
+
     def iteration_open(self) -> bool:
         """True between the first gradient of an iteration and its step()."""
         return self._marked_in_iteration > 0

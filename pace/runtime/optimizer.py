@@ -58,6 +58,7 @@ from pace.runtime.plan import (
     plan_from_schedule,
     wfbp_plan,
 )
+from pace.runtime.reads import ReadGuard
 
 BackendName = Literal["horovod", "torch"]
 
@@ -667,6 +668,14 @@ def _install_hooks(
 
         handles.append(p.register_post_accumulate_grad_hook(on_grad))  # type: ignore[no-untyped-call]
     if per_module_waits:
+        # A parameter read before its own module's forward waits at that read (pace.runtime.reads).
+        guard = ReadGuard(
+            params, [info.name for info in engine.infos], engine.wait_updated, engine.pending
+        )
+        handles.append(model.register_forward_pre_hook(lambda _m, _args: guard.begin()))
+        handles.append(
+            model.register_forward_hook(lambda _m, _args, _out: guard.end(), always_call=True)
+        )
         for mod_name, sub in module.named_modules():
             own = [index[id(p)] for p in sub.parameters(recurse=False) if id(p) in index]
             if not own:
@@ -677,6 +686,7 @@ def _install_hooks(
                 _m: torch.nn.Module, _args: Any, own: list[int] = own, what: str = what
             ) -> None:
                 engine.wait_updated(own, what)
+                guard.waited(own)
 
             handles.append(sub.register_forward_pre_hook(pre_forward))
     elif not engine.sync:

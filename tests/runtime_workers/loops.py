@@ -167,6 +167,24 @@ class TiedLM(nn.Module):
         return out
 
 
+class ReadsAhead(nn.Module):
+    """The parent reads its last layer's bias and weight before calling that layer: reads that
+    the layer's own forward pre-hook does not cover (pace.runtime.reads waits at them)."""
+
+    inputs = "vec"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(WIDTH, 32)
+        self.fc2 = nn.Linear(32, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = functional.relu(self.fc1(x))
+        gate = torch.sigmoid(self.fc2.bias.sum() + self.fc2.weight.mean())
+        out: Tensor = self.fc2(h * gate)
+        return out
+
+
 def _frozen_mlp() -> nn.Module:
     model = MLP()
     model.fc2.requires_grad_(False)  # a frozen layer in the middle: gradients flow through it
@@ -180,6 +198,7 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
     "bn": BNNet,
     "tied": TiedLM,
     "frozen": _frozen_mlp,
+    "reads-ahead": ReadsAhead,
 }
 
 
@@ -301,6 +320,7 @@ CASES: dict[str, Case] = {
     "bf16": Case("mlp", loop="bf16"),
     "tied": Case("tied"),
     "frozen": Case("frozen"),
+    "reads-ahead": Case("reads-ahead"),
     "onecycle-resume": Case("mlp", loop="onecycle"),
     "sync-mismatch": Case("mlp", schedule="wrong-mode", reference=False),
     "sgd-after-errors": Case("cnn"),  # run last: the refused runs above must leave nothing behind
