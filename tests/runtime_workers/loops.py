@@ -278,6 +278,20 @@ def make_schedule(model: nn.Module, mode: Mode) -> Schedule:
     )
 
 
+def forward_order_schedule(model: nn.Module, mode: Mode) -> Schedule:
+    """One unit per tensor, in forward (registration) order: PACE's priorities, where the last
+    layers' updates land last, after the first layers' forwards have started."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    units = tuple(
+        Unit(
+            priority=k,
+            slices=(Slice(tensor=n, offset_bytes=0, size_bytes=p.numel() * p.element_size()),),
+        )
+        for k, (n, p) in enumerate(named)
+    )
+    return dataclasses.replace(make_schedule(model, mode), units=units)
+
+
 # ---------------------------------------------------------------------------------------------
 # Cases
 
@@ -293,10 +307,13 @@ class Case:
     )
     compiled: bool = False  # torch.compile(model, backend="aot_eager")
     broadcast_buffers: bool | None = None  # pace's knob; the reference: DDP's / a DDP-rule wrapper
-    schedule: Literal["compiled", "online", "wrong-mode"] = "compiled"
+    schedule: Literal["compiled", "online", "wrong-mode", "forward-order"] = "compiled"
     pace_horovod_style: bool | None = None  # pace's loop in Horovod's pattern; None: as the ref's
     reference: bool = True
     framework: bool = False  # pace wraps a schedule file marked framework="horovod"
+    # pace's random delays in its hooks and threads (wrap's inject_delay_s): updates still in
+    # flight when the forward starts, so that a read ahead of a module races them
+    inject_delay_s: float = 0.0
 
 
 CASES: dict[str, Case] = {
@@ -320,7 +337,7 @@ CASES: dict[str, Case] = {
     "bf16": Case("mlp", loop="bf16"),
     "tied": Case("tied"),
     "frozen": Case("frozen"),
-    "reads-ahead": Case("reads-ahead"),
+    "reads-ahead": Case("reads-ahead", schedule="forward-order", inject_delay_s=0.002),
     "onecycle-resume": Case("mlp", loop="onecycle"),
     "sync-mismatch": Case("mlp", schedule="wrong-mode", reference=False),
     "sgd-after-errors": Case("cnn"),  # run last: the refused runs above must leave nothing behind
@@ -714,6 +731,8 @@ def _pace_run(
     schedule: Schedule | str | None = None
     if case.schedule == "compiled":
         schedule = make_schedule(model, mode)
+    elif case.schedule == "forward-order":
+        schedule = forward_order_schedule(model, mode)
     elif case.schedule == "wrong-mode":
         schedule = make_schedule(model, "overlap" if mode == "sync" else "sync")
     with tempfile.TemporaryDirectory() as tmp:
@@ -732,6 +751,7 @@ def _pace_run(
             sync=mode == "sync",
             broadcast_buffers=case.broadcast_buffers,
             timeout_s=env.timeout_s,
+            inject_delay_s=case.inject_delay_s,
         )
     popt = cast(PaceOptimizer, opt)
     style = env.backend == "horovod" if case.pace_horovod_style is None else case.pace_horovod_style
