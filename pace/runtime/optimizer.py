@@ -660,7 +660,8 @@ def _install_hooks(
     """Gradient hooks; forward pre-hooks that wait for updates (overlapped mode); DDP's buffer
     broadcast. ``model`` is what the user calls (maybe compiled), ``module`` its own module."""
     index = {id(p): i for i, p in enumerate(params)}
-    handles: list[Any] = [_stream_guard(engine, model, params[0].device)]
+    device = params[0].device if params else torch.device("cpu")
+    handles: list[Any] = [_stream_guard(engine, model, device)]
     for i, p in enumerate(params):
 
         def on_grad(_: torch.Tensor, i: int = i) -> None:
