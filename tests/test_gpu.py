@@ -264,15 +264,16 @@ def test_cli_profiles_on_cuda_and_the_trace_compiles(tmp_path: Path) -> None:
 class _SideStreamBackend:
     """One rank whose reduction runs on a side stream after ~2 ms of device sleep; ``wait``
     orders the caller's stream after it without blocking the host (as NCCL's non-blocking
-    wait). Averaging over one rank is the identity: x * 2 on the side stream, then the
-    runtime's * 0.5 (``post_scale``). A scaling, copy-back or update that read the buffer before
-    the side stream finished would see x, not x * 2, and the result would be x / 2."""
+    wait). Averaging over one rank is the identity: the runtime's * 0.5 (``pre_scale``) while
+    packing, then x * 2 on the side stream. A copy-back or update that read the buffer before
+    the side stream finished would see x * 0.5, not x, and the result would be x / 2."""
 
     name = "side-stream"
     rank = 0
     size = 1
     in_order = True
-    post_scale = 0.5
+    pre_scale = 0.5
+    sum_scale = 1.0
 
     def __init__(self) -> None:
         self.stream = torch.cuda.Stream()

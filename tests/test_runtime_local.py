@@ -590,7 +590,8 @@ class _StuckBackend:
     rank = 3
     size = 2
     in_order = False
-    post_scale = 0.5
+    pre_scale = 0.5
+    sum_scale = 1.0
 
     def start(self, buf: Any, name: str) -> Any:
         return name
@@ -721,7 +722,8 @@ class _CountingBackend:
     name = "counting"
     rank = 0
     size = 1
-    post_scale = 1.0
+    pre_scale = 1.0
+    sum_scale = 1.0
 
     def __init__(self, in_order: bool) -> None:
         self.in_order = in_order

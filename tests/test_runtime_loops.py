@@ -76,6 +76,7 @@ COMMON: dict[str, Expect] = {
     **_modes("seeds"),
     **_modes("compile"),
     **_modes("bf16"),
+    **_modes("fp16-model"),
     **_modes("tied"),
     **_modes("frozen"),
     **_modes("reads-ahead"),

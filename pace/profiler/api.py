@@ -185,15 +185,12 @@ COPY_SAMPLE_PIECES = 8
 
 def _copy_us_per_byte(like: torch.Tensor, reps: int = 5) -> float:
     """What pace's runtime pays per byte to copy a fused unit's reduced buffer back into its
-    gradients (``comm.copy_us_per_byte``): the runtime's call
-    (``pace.runtime.average_pieces``, from one flat buffer into ``COPY_SAMPLE_PIECES``
-    tensors, averaging over two ranks) on ``COPY_SAMPLE_BYTES`` of a gradient's device and
-    dtype, median of ``reps`` after a warm-up. On the CPU that is one multiply per piece into
-    its gradient (Horovod, which averages itself, copies instead: the same one read and one
-    write per byte); on a GPU the buffer's scaling and one copy for all pieces. A rate of the
-    memory, not of this model's gradients: a small model's would be the call's fixed cost
-    spread over few bytes."""
-    from pace.runtime import average_pieces
+    gradients (``comm.copy_us_per_byte``): the runtime's call (``pace.runtime.unpack_pieces``,
+    from one flat buffer into ``COPY_SAMPLE_PIECES`` tensors) on ``COPY_SAMPLE_BYTES`` of a
+    gradient's device and dtype, median of ``reps`` after a warm-up. A rate of the memory, not
+    of this model's gradients: a small model's would be the call's fixed cost spread over few
+    bytes."""
+    from pace.runtime import unpack_pieces
 
     numel = COPY_SAMPLE_BYTES // like.element_size()
     flat = torch.zeros(numel, dtype=like.dtype, device=like.device)
@@ -211,7 +208,7 @@ def _copy_us_per_byte(like: torch.Tensor, reps: int = 5) -> float:
     for _ in range(reps + 1):  # the first is a warm-up
         sync()
         t0 = time.perf_counter()
-        average_pieces(flat, copy_back, 0.5)
+        unpack_pieces(flat, copy_back)
         sync()
         times.append(time.perf_counter() - t0)
     return float(np.median(times[1:])) * 1e6 / (numel * like.element_size())

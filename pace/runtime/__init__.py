@@ -16,7 +16,7 @@ Horovod only when the Horovod backend is used.
 
 from __future__ import annotations
 
-from pace.runtime.engine import average_pieces
+from pace.runtime.engine import pack_pieces, unpack_pieces
 from pace.runtime.optimizer import (
     ONLINE_CREDIT_BYTES,
     PaceOptimizer,
@@ -42,9 +42,10 @@ __all__ = [
     "PlanUnit",
     "ReplayPlan",
     "RuntimeOptions",
-    "average_pieces",
+    "pack_pieces",
     "partition_params",
     "plan_from_schedule",
+    "unpack_pieces",
     "wfbp_plan",
     "wrap",
     "wrapped_params",

@@ -1,11 +1,12 @@
 """Collective backends: Horovod (``horovod.torch.mpi_ops``) and ``torch.distributed``.
 
 A backend starts an in-place all-reduce of a contiguous tensor and waits for it with a time
-limit; the average is the sum over ranks times ``1 / size``. Horovod's ``op=Average`` multiplies
-itself (its ``postscale_factor``); with ``torch.distributed`` the caller applies the backend's
-``post_scale`` after the sum, the same multiply, so both backends give the same bits. For a
-power-of-two number of ranks this is also bitwise what DDP computes (it divides before summing;
-scaling by a power of two is exact).
+limit. Each backend averages as the framework it replaces does, so the bits are that framework's:
+Horovod's ``op=Average`` sums, then multiplies by ``1 / size`` (its ``postscale_factor``,
+``sum_scale``); DDP multiplies each gradient by ``1 / size`` while copying it into its bucket,
+then sums, so with ``torch.distributed`` the runtime multiplies by the backend's ``pre_scale``
+while packing a unit and the reduction is a plain sum. The two differ where a halved value
+rounds (subnormals: common in float16 gradients).
 """
 
 from __future__ import annotations
@@ -52,20 +53,23 @@ class Backend(Protocol):
     # False: started collectives may run side by side, so a replay issues one at a time.
     in_order: bool
 
+    # The average of gradients g_r is pre_scale * sum_r(g_r) * sum_scale, each factor applied
+    # where the replaced framework applies it. ``pre_scale``: what the caller multiplies each
+    # gradient by before the reduction (DDP's 1 / size, while packing: one pass over the bytes
+    # with the pack's copy); ``sum_scale``: what the reduction multiplies its sum by (Horovod's
+    # op=Average: 1 / size). The other is 1.0. Values the caller appends unscaled (readiness
+    # and used maps: 0 or 1 per rank) come back as their sum times ``sum_scale``.
+    pre_scale: float
+    sum_scale: float
+
     def start(self, buf: torch.Tensor, name: str) -> Any:
-        """Start an in-place all-reduce of contiguous ``buf`` (an average once scaled by
-        ``post_scale``); returns a handle."""
+        """Start an in-place all-reduce of contiguous ``buf`` (its sum times ``sum_scale``);
+        returns a handle."""
         ...
 
-    # What the caller multiplies the reduced buffer by to make the sum an average (``1 /
-    # size``), or 1.0 where the collective averages itself (Horovod's ``op=Average``). The
-    # caller does it, not ``wait``: it can write the product straight into the gradients a
-    # packed unit came from, one pass over the bytes instead of a scale and a copy.
-    post_scale: float
-
     def wait(self, handle: Any, timeout_s: float) -> None:
-        """Wait for ``handle``: its buffer then holds the reduction, which times ``post_scale``
-        is the average. Raise ``CollectiveTimeoutError`` or the backend's error."""
+        """Wait for ``handle``: its buffer then holds the reduction. Raise
+        ``CollectiveTimeoutError`` or the backend's error."""
         ...
 
     def broadcast_from_rank0(self, tensors: list[torch.Tensor], name: str) -> None:
@@ -138,7 +142,7 @@ class HorovodBackend:
     """``horovod.torch.mpi_ops.allreduce_async_`` with ``op=Average``, fusion and cache off."""
 
     name = "horovod"
-    post_scale = 1.0  # op=Average multiplies by 1 / size itself (its postscale)
+    pre_scale = 1.0  # op=Average multiplies the sum by 1 / size itself (its postscale)
 
     def __init__(self) -> None:
         hvd = import_horovod()
@@ -161,6 +165,7 @@ class HorovodBackend:
         self._mpi_ops = mpi_ops
         self.rank = int(hvd.rank())
         self.size = int(hvd.size())
+        self.sum_scale = 1.0 / self.size
         # Horovod's background thread executes the negotiated collectives one by one, in the
         # order every rank issued them, unless fusion or the response cache regroups them.
         self.in_order = not bad
@@ -206,7 +211,10 @@ class TorchBackend:
         self._dist = dist
         self.rank = int(dist.get_rank())
         self.size = int(dist.get_world_size())
-        self.post_scale = 1.0 / self.size
+        # DDP's reducer multiplies each gradient by 1 / size as it copies it into a bucket
+        # (``mul_out``), then sums: the same multiply before the same kind of sum.
+        self.pre_scale = 1.0 / self.size
+        self.sum_scale = 1.0
         kind = str(dist.get_backend()).lower()
         self._nccl = "nccl" in kind
         self._gloo: Any = None

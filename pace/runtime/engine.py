@@ -562,8 +562,12 @@ class Engine:
                 if piece.start == 0 and piece.stop == flat.numel()
                 else flat[piece.start : piece.stop]
             )
+        scale = self.backend.pre_scale
         if len(views) == 1 and extra == 0:
-            # A single piece is reduced in place: no copy at all.
+            # A single piece is reduced in place: no copy at all. Its pre-scale is one pass over
+            # the gradient here, long before the unit's turn on the link for all but the first.
+            if scale != 1.0:
+                views[0].mul_(scale)
             return views[0], [], -1
         numel = unit.numel + extra
         key = (unit.index, numel, views[0].dtype, views[0].device)
@@ -577,8 +581,7 @@ class Engine:
             n = v.numel()
             copy_back.append((v, at, at + n))
             at += n
-        # One call (one kernel on a GPU) for the whole unit rather than one per piece.
-        torch.cat(views, out=buf[:at])
+        pack_pieces(views, buf[:at], scale)
         return buf, copy_back, (at if extra else -1)
 
     def _issue(
@@ -788,19 +791,21 @@ class Engine:
                 self._last_done_s = now
                 self._monitor.on_unit_done(f.unit.index, f.nbytes, (now - start) * 1e6)
             self._chaos(rng)
-            average_pieces(f.buf, f.copy_back, self.backend.post_scale)
+            unpack_pieces(f.buf, f.copy_back)
             n_params = len(self.params)
+            # The maps were appended unscaled: each entry is the number of ranks with a 1 there,
+            # times the reduction's own scale.
+            ranks_per_unit = 1.0 / self.backend.sum_scale
             if f.bitmap_at >= 0:
-                threshold = 1.0 - 0.5 / self.backend.size
                 bits = f.buf[f.bitmap_at : f.bitmap_at + n_params].tolist()
-                f.agreed = [v >= threshold for v in bits]
+                f.agreed = [v * ranks_per_unit >= self.backend.size - 0.5 for v in bits]
             if f.used_at >= 0 and self._unused_local.get(f.iteration):
                 # The average is > 0 exactly for the parameters some rank used. Read only when
                 # this rank has parameters it did not use: for the others the answer is known
                 # (used, here), and reading it on a GPU would block this thread until the
                 # device finished the reduction, so the next forward could not be queued ahead.
                 used = f.buf[f.used_at : f.used_at + n_params].tolist()
-                self._global_used[f.iteration] = [v > 0 for v in used]
+                self._global_used[f.iteration] = [v * ranks_per_unit > 0.5 for v in used]
             if self.mode == "replay":
                 with self._cv:
                     self._in_flight_bytes -= f.nbytes
@@ -867,35 +872,30 @@ class _StoppedError(Exception):
     """Internal: the engine is shutting down."""
 
 
-def average_pieces(
-    buf: torch.Tensor, copy_back: Sequence[tuple[torch.Tensor, int, int]], scale: float
-) -> None:
-    """Make a reduced ``buf`` the average (times ``scale``, ``Backend.post_scale``) and hand
-    each packed piece back to its gradient (``copy_back``: the gradient view and its span in
-    ``buf``; empty where the unit was reduced in place). What follows the pieces in ``buf``
-    (the online mode's readiness and used maps) is scaled in place.
+def pack_pieces(views: Sequence[torch.Tensor], out: torch.Tensor, scale: float) -> None:
+    """Write the flat ``views`` one after another into ``out``, each times ``scale``
+    (``Backend.pre_scale``; 1.0 where the reduction averages itself).
 
-    On the CPU each piece is written by one multiply, straight from the buffer into its
-    gradient: one pass over the unit's bytes fewer than scaling the buffer and copying it back,
-    the same product, so the same bits (benchmarks/bench_copy_back.py). On a GPU the buffer is
-    scaled and copied back in two launches for the whole unit rather than one per piece."""
-    if not copy_back or buf.is_cuda or scale == 1.0:
-        scale_then_copy(buf, copy_back, scale)
+    On the CPU each piece is written by one multiply straight from its gradient into the buffer:
+    one pass over the unit's bytes fewer than a copy and then a scale, the same product, so the
+    same bits (benchmarks/bench_copy_back.py). On a GPU, or with nothing to scale, one copy for
+    the whole unit (one kernel rather than one per piece), then the scale in place."""
+    if scale != 1.0 and not out.is_cuda:
+        at = 0
+        for v in views:
+            n = v.numel()
+            torch.mul(v, scale, out=out[at : at + n])
+            at += n
         return
-    for view, a, b in copy_back:
-        torch.mul(buf[a:b], scale, out=view)
-    packed = copy_back[-1][2]
-    if packed < buf.numel():
-        buf[packed:].mul_(scale)
-
-
-def scale_then_copy(
-    buf: torch.Tensor, copy_back: Sequence[tuple[torch.Tensor, int, int]], scale: float
-) -> None:
-    """``average_pieces`` in two calls for the whole unit: scale ``buf`` in place (unless
-    ``scale`` is 1), then copy every piece back (on a GPU two launches, not one per piece)."""
+    torch.cat(list(views), out=out)
     if scale != 1.0:
-        buf.mul_(scale)
+        out.mul_(scale)
+
+
+def unpack_pieces(buf: torch.Tensor, copy_back: Sequence[tuple[torch.Tensor, int, int]]) -> None:
+    """Hand each piece of a reduced ``buf`` back to its gradient (``copy_back``: the gradient
+    view and its span in ``buf``; empty where the unit was reduced in place): one
+    ``_foreach_copy_`` for the whole unit (on a GPU one launch rather than one per piece)."""
     if copy_back:
         torch._foreach_copy_(
             [view for view, _, _ in copy_back], [buf[a:b] for _, a, b in copy_back]
