@@ -312,7 +312,7 @@ def test_read_guard_is_on_only_while_updates_are_in_flight_and_pops_only_itself(
     assert depth() == 1
     _ = p + 1  # the first read of p waits
     _ = torch.cat([p, p])  # not again
-    assert waits == [([0], "read of 'p' before its module's forward")]
+    assert waits == [([0], "read of 'p' while its update was in flight")]
     with _Passthrough() as own:
         in_flight[0] = False
         guard.waited([1])  # nothing in flight, but the forward's own mode is on top: stays
@@ -334,6 +334,96 @@ def test_read_guard_is_on_only_while_updates_are_in_flight_and_pops_only_itself(
     guard.end()
     assert depth() == 0
     assert len(waits) == 1
+
+
+def test_read_guard_after_step_stays_on_until_the_forward_and_never_pops_a_users_mode() -> None:
+    from pace.runtime.reads import ReadGuard
+
+    p, q = nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(2))
+    in_flight = [True]
+    waits: list[list[int]] = []
+    guard = ReadGuard(
+        [p, q], ["p", "q"], lambda i, _what: waits.append(list(i)), lambda: in_flight[0]
+    )
+
+    def depth() -> int:
+        return int(torch._C._len_torch_function_stack())
+
+    guard.after_step()  # updates in flight after step(): on
+    assert depth() == 1
+    _ = p.detach()  # an EMA's read waits for p
+    with _Passthrough() as own:  # a mode the user enters after step() sits above the guard
+        _ = q.data  # a read through .data waits for q
+        assert torch._C._get_function_stack_at(1) is own
+    assert waits == [[0], [1]]
+    guard.begin()  # the forward starts with updates still in flight: stays on, nothing new
+    _ = p + q
+    assert waits == [[0], [1]]
+    guard.end()
+    assert depth() == 0
+    # A user's mode around step(): not entered above it (its exit would pop the guard); every
+    # update is waited for instead.
+    with _Passthrough() as own:
+        guard.after_step()
+        assert depth() == 1
+        assert torch._C._get_function_stack_at(0) is own
+    assert waits[-1] == [0, 1]
+    assert guard.waited_at_step == 1
+    # On since step(), then a forward starting with nothing in flight: leaves at once.
+    guard.after_step()
+    in_flight[0] = False
+    guard.begin()
+    assert depth() == 0
+    guard.end()
+    # Not from another thread's stack: release() there leaves it on; the owner's leaves.
+    in_flight[0] = True
+    guard.after_step()
+    other = threading.Thread(target=guard.release)
+    other.start()
+    other.join()
+    assert depth() == 1
+    guard.release()
+    assert depth() == 0
+    # Nothing in flight at step(): never entered.
+    in_flight[0] = False
+    guard.after_step()
+    assert depth() == 0
+
+
+@pytest.mark.parametrize("around_step", [False, True])
+@pytest.mark.parametrize("delay_s", [0.0, 0.002])
+def test_reads_after_step_wait_for_their_updates(delay_s: float, around_step: bool) -> None:
+    """An EMA of the weights and a copy of them right after step(), while the updates are in
+    flight: bitwise the plain optimizer's (without the guard after step() both differ,
+    silently). ``around_step``: a torch function mode of the user's is on around step()."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    def trained(wrap: bool) -> list[Any]:
+        torch.manual_seed(0)
+        model = net()
+        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+        opt: Any = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+        if wrap:
+            opt = pace.runtime.wrap(opt, model, schedule_for(model), inject_delay_s=delay_s)
+        copies = []
+        g = torch.Generator().manual_seed(11)
+        for _ in range(8):
+            x, y = torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            with _Passthrough() if around_step else contextlib.nullcontext():
+                opt.step()
+            ema.update_parameters(model)
+            copies += [p.data.clone() for p in model.parameters()]
+        if wrap:
+            assert opt._pace_guard.waited_at_step == (8 if around_step else 0)
+            opt.synchronize()
+            opt.close()
+        assert torch._C._len_torch_function_stack() == 0  # the guard left no mode behind
+        return copies + [p.detach().clone() for p in ema.module.parameters()]
+
+    for a, b in zip(trained(False), trained(True), strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("own_mode", [False, True])

@@ -77,6 +77,7 @@ COMMON: dict[str, Expect] = {
     **_modes("compile"),
     **_modes("bf16"),
     **_modes("fp16-model"),
+    **_modes("ema"),
     **_modes("tied"),
     **_modes("frozen"),
     **_modes("reads-ahead"),

@@ -163,6 +163,7 @@ class PaceOptimizer(torch.optim.Optimizer):
     _pace_group_of: list[int]
     _pace_snapshots: dict[int, list[dict[str, Any]]]
     _pace_handles: list[Any]
+    _pace_guard: ReadGuard | None
     _pace_plan: ReplayPlan
     _pace_infos: list[ParamInfo]
     _step_supports_amp_scaling: bool
@@ -176,7 +177,8 @@ class PaceOptimizer(torch.optim.Optimizer):
 
         Every gradient of this iteration is final now (a parameter without a gradient gets a
         zero one, as with Horovod). Each module's next forward waits for its own parameters'
-        updates; call ``synchronize()`` before reading parameters any other way.
+        updates, and a read of a parameter (or its gradient) on this thread before then waits
+        for that parameter's (pace.runtime.reads).
         """
         if grad_scaler is not None:
             # Only the overlapped mode declares _step_supports_amp_scaling, so that
@@ -209,6 +211,8 @@ class PaceOptimizer(torch.optim.Optimizer):
             self._pace_after_close(backward_end_s)
         for post in list(self._optimizer_step_post_hooks.values()):
             post(self, (), {})
+        if self._pace_guard is not None:
+            self._pace_guard.after_step()
 
     def _pace_after_close(self, backward_end_s: float) -> None:
         """Drift: the iteration just closed on this rank; agree on and install a new plan."""
@@ -220,12 +224,14 @@ class PaceOptimizer(torch.optim.Optimizer):
             self.switch_schedule(new, where="drift re-plan")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self._pace_engine.zero_grad(set_to_none)
-        managed = {id(p) for p in self._pace_params}
-        for group in self.param_groups:
-            for p in group["params"]:
-                if id(p) not in managed and p.grad is not None:
-                    zero_param_grad(p, set_to_none)
+        guard = self._pace_guard
+        with guard.suspended() if guard is not None else contextlib.nullcontext():
+            self._pace_engine.zero_grad(set_to_none)
+            managed = {id(p) for p in self._pace_params}
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if id(p) not in managed and p.grad is not None:
+                        zero_param_grad(p, set_to_none)
 
     def synchronize(self) -> None:
         """Wait for every outstanding collective and parameter update (or raise their error).
@@ -235,6 +241,8 @@ class PaceOptimizer(torch.optim.Optimizer):
         opt.skip_synchronize(): opt.step()`` works unchanged.
         """
         self._pace_engine.synchronize()
+        if self._pace_guard is not None:
+            self._pace_guard.release()
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -268,6 +276,8 @@ class PaceOptimizer(torch.optim.Optimizer):
         for h in self._pace_handles:
             h.remove()
         self._pace_handles.clear()
+        if self._pace_guard is not None:
+            self._pace_guard.release()
         self._pace_engine.close()
         if self._pace_drift is not None:
             self._pace_drift.close()
@@ -598,12 +608,21 @@ def wrap(
     # GradScaler.step(opt) then calls opt.step(grad_scaler=...), which the overlapped mode
     # refuses; in the sync mode GradScaler unscales and steps as usual.
     wrapped._step_supports_amp_scaling = not options.sync
+    # The overlapped mode's reads outside the owning module's forward wait at the read
+    # (pace.runtime.reads): after step() and, for an eager model, inside the forward.
+    guard = (
+        None
+        if options.sync
+        else ReadGuard(params, [info.name for info in infos], engine.wait_updated, engine.pending)
+    )
+    wrapped._pace_guard = guard
     wrapped._pace_handles = _install_hooks(
         engine,
         model,
         module,
         params,
-        per_module_waits=not options.sync and not compiled,
+        guard=guard,
+        per_module_waits=not compiled,
         buffers_from=be if sync_buffers else None,
     )
     if loop is not None:
@@ -654,11 +673,14 @@ def _install_hooks(
     module: torch.nn.Module,
     params: list[torch.nn.Parameter],
     *,
+    guard: ReadGuard | None,
     per_module_waits: bool,
     buffers_from: Backend | None,
 ) -> list[Any]:
-    """Gradient hooks; forward pre-hooks that wait for updates (overlapped mode); DDP's buffer
-    broadcast. ``model`` is what the user calls (maybe compiled), ``module`` its own module."""
+    """Gradient hooks; forward pre-hooks that wait for updates (overlapped mode: ``guard``
+    given), per module or, where ``per_module_waits`` is off (a compiled model), once for all;
+    DDP's buffer broadcast. ``model`` is what the user calls (maybe compiled), ``module`` its
+    own module."""
     index = {id(p): i for i, p in enumerate(params)}
     device = params[0].device if params else torch.device("cpu")
     handles: list[Any] = [_stream_guard(engine, model, device)]
@@ -668,11 +690,8 @@ def _install_hooks(
             engine.mark_ready(i)
 
         handles.append(p.register_post_accumulate_grad_hook(on_grad))  # type: ignore[no-untyped-call]
-    if per_module_waits:
+    if guard is not None and per_module_waits:
         # A parameter read before its own module's forward waits at that read (pace.runtime.reads).
-        guard = ReadGuard(
-            params, [info.name for info in engine.infos], engine.wait_updated, engine.pending
-        )
         handles.append(model.register_forward_pre_hook(lambda _m, _args: guard.begin()))
         handles.append(
             model.register_forward_hook(lambda _m, _args, _out: guard.end(), always_call=True)
@@ -690,11 +709,13 @@ def _install_hooks(
                 guard.waited(own)
 
             handles.append(sub.register_forward_pre_hook(pre_forward))
-    elif not engine.sync:
+    elif guard is not None:
         # A compiled module: one wait outside its graph, before it runs (a hook inside would
-        # break the graph), for every parameter's update.
+        # break the graph), for every parameter's update; the guard on since step() leaves
+        # before the graph runs.
         def pre_forward_all(_m: torch.nn.Module, _args: Any) -> None:
             engine.wait_updated(range(len(params)), "forward of the compiled model")
+            guard.release()
 
         handles.append(model.register_forward_pre_hook(pre_forward_all))
     if buffers_from is not None:

@@ -357,6 +357,7 @@ CASES: dict[str, Case] = {
     "compile": Case("mlp", compiled=True),
     "bf16": Case("mlp", loop="bf16"),
     "fp16-model": Case("half"),
+    "ema": Case("mlp", loop="ema"),
     "tied": Case("tied"),
     "frozen": Case("frozen"),
     "reads-ahead": Case("reads-ahead", schedule="forward-order", inject_delay_s=0.002),
@@ -456,6 +457,29 @@ def loop_plain(s: Session) -> dict[str, Any]:
         run.opt.step()
         losses.append(_hex(loss))
     return {"losses": losses}
+
+
+def loop_ema(s: Session) -> dict[str, Any]:
+    """Reads right after ``step()``, outside the model's forward, while the overlapped mode's
+    updates are in flight: an EMA of the weights (``torch.optim.swa_utils``), the gradients'
+    norm, a copy of the weights."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    run = s.run
+    ema = AveragedModel(run.model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    norms, copies = [], []
+    for step in range(s.steps):
+        x, y = batch(inputs_of(run.model), s.rank, step)
+        run.opt.zero_grad()
+        loss = loss_of(run.module(x), y)
+        loss.backward()  # type: ignore[no-untyped-call]
+        run.opt.step()
+        ema.update_parameters(run.model)
+        grads = [p.grad for p in run.model.parameters() if p.grad is not None]
+        norms.append(_hex(torch.stack([g.norm() for g in grads]).norm()))
+        copies.append(digest({n: p.data.clone() for n, p in run.model.named_parameters()}))
+    averaged = {n: p.detach() for n, p in ema.module.named_parameters()}
+    return {"ema": digest(averaged), "grad_norms": norms, "copies": copies}
 
 
 def loop_bf16(s: Session) -> dict[str, Any]:
@@ -627,6 +651,7 @@ def loop_onecycle(s: Session) -> dict[str, Any]:
 LOOPS: dict[str, Callable[[Session], dict[str, Any]]] = {
     "plain": loop_plain,
     "bf16": loop_bf16,
+    "ema": loop_ema,
     "clip": loop_clip,
     "amp": functools.partial(loop_amp, clip=False),
     "amp-clip": functools.partial(loop_amp, clip=True),
