@@ -445,17 +445,22 @@ def _check_die(s: Session, step: int) -> None:
         raise ValueError(f"corrupt batch {step}")
 
 
+def _plain_step(s: Session, step: int) -> Tensor:
+    """One iteration of the plain loop on this rank's batch of ``step``; its loss."""
+    run = s.run
+    x, y = batch(inputs_of(run.model), s.rank, step)
+    run.opt.zero_grad()
+    loss = loss_of(run.module(x), y)
+    loss.backward()  # type: ignore[no-untyped-call]
+    run.opt.step()
+    return loss
+
+
 def loop_plain(s: Session) -> dict[str, Any]:
     losses = []
     for step in range(s.steps):
         _check_die(s, step)
-        run = s.run
-        x, y = batch(inputs_of(run.model), s.rank, step)
-        run.opt.zero_grad()
-        loss = loss_of(run.module(x), y)
-        loss.backward()  # type: ignore[no-untyped-call]
-        run.opt.step()
-        losses.append(_hex(loss))
+        losses.append(_hex(_plain_step(s, step)))
     return {"losses": losses}
 
 
@@ -469,11 +474,7 @@ def loop_ema(s: Session) -> dict[str, Any]:
     ema = AveragedModel(run.model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
     norms, copies = [], []
     for step in range(s.steps):
-        x, y = batch(inputs_of(run.model), s.rank, step)
-        run.opt.zero_grad()
-        loss = loss_of(run.module(x), y)
-        loss.backward()  # type: ignore[no-untyped-call]
-        run.opt.step()
+        _plain_step(s, step)
         ema.update_parameters(run.model)
         grads = [p.grad for p in run.model.parameters() if p.grad is not None]
         norms.append(_hex(torch.stack([g.norm() for g in grads]).norm()))
@@ -591,12 +592,7 @@ def loop_bn(s: Session) -> dict[str, Any]:
     run = s.run
     xe, ye = batch(inputs_of(run.model), -1, 0)
     for step in range(s.steps):
-        x, y = batch(inputs_of(run.model), s.rank, step)
-        run.opt.zero_grad()
-        loss = loss_of(run.module(x), y)
-        loss.backward()  # type: ignore[no-untyped-call]
-        run.opt.step()
-        losses.append(_hex(loss))
+        losses.append(_hex(_plain_step(s, step)))
         if step in (EVAL_AT, s.steps - 1):
             run.module.eval()
             with torch.no_grad():
@@ -637,12 +633,7 @@ def loop_onecycle(s: Session) -> dict[str, Any]:
             sched = scheduler(s.run.opt)
             s.run.opt.load_state_dict(ckpt["opt"])
             sched.load_state_dict(ckpt["sched"])
-        run = s.run
-        x, y = batch(inputs_of(run.model), s.rank, step)
-        run.opt.zero_grad()
-        loss = loss_of(run.module(x), y)
-        loss.backward()  # type: ignore[no-untyped-call]
-        run.opt.step()
+        loss = _plain_step(s, step)
         sched.step()
         losses.append(_hex(loss))
     return {"losses": losses}
