@@ -9,6 +9,11 @@ flight and no module's own wait runs, so it stays on for the whole forward and c
 call's arguments (its most expensive case); its waits return at once. Prints the median
 (min-max) forward time of each and the added cost per torch call (the calls counted with a
 mode of their own).
+
+Then the same for what a loop does between ``step()`` and the next forward, where the guard is
+on from ``step()``'s end while updates are in flight: an EMA of the weights
+(``torch.optim.swa_utils.AveragedModel.update_parameters``), plain and with the guard on
+throughout (``after_step`` told an update is in flight; its waits return at once).
 """
 
 from __future__ import annotations
@@ -80,6 +85,39 @@ def main() -> None:
         f"added: {added_us:.0f} us per forward ({added_us / max(ops, 1):.2f} us per torch call, "
         f"{(med['guarded'] / med['plain'] - 1) * 100:+.1f}%); first reads waited for: {calls[0]}"
     )
+    _ema_after_step(model, params, names, args.blocks, args.reps)
+
+
+def _ema_after_step(
+    model: torch.nn.Module,
+    params: list[torch.nn.Parameter],
+    names: list[str],
+    blocks: int,
+    reps: int,
+) -> None:
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.999))
+    guard = ReadGuard(params, names, lambda _i, _w: None, lambda: True)
+    times: dict[str, list[float]] = {"plain": [], "guarded": []}
+    ema.update_parameters(model)  # warm-up
+    for _ in range(blocks):
+        for kind, block_ms in times.items():
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                if kind == "guarded":
+                    guard.after_step()
+                    ema.update_parameters(model)
+                    guard.release()
+                else:
+                    ema.update_parameters(model)
+            block_ms.append((time.perf_counter() - t0) / reps * 1e3)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"an EMA update after step() (AveragedModel.update_parameters, {len(params)} parameters)")
+    print(f"{'variant':<10} {'update ms':>11} {'min-max':>15}")
+    for k, v in times.items():
+        print(f"{k:<10} {med[k]:>11.3f} {f'{min(v):.3f}-{max(v):.3f}':>15}")
+    print(f"added: {(med['guarded'] - med['plain']) * 1e3:.0f} us per update")
 
 
 def _count_calls(forward: Callable[[], None]) -> int:
