@@ -35,6 +35,21 @@ def traces(
     )
 
 
+@st.composite
+def typed_traces(draw: st.DrawFn, *, max_layers: int = 6, min_bytes: int = 0) -> Trace:
+    """Random traces whose tensors are float32 or float16 (4 or 2 bytes an element, drawn per
+    tensor: a model that keeps some layers in another precision), each at least ``min_bytes``
+    plus one element long."""
+    trace = draw(traces(max_layers=max_layers))
+    n = len(trace.tensors)
+    widths = draw(st.lists(st.sampled_from([2, 4]), min_size=n, max_size=n))
+    tensors = tuple(
+        dataclasses.replace(t, element_bytes=w, size_bytes=(t.size_bytes // w + 1) * w + min_bytes)
+        for t, w in zip(trace.tensors, widths, strict=True)
+    )
+    return dataclasses.replace(trace, tensors=tensors)
+
+
 def integer_traces(max_layers: int = 8) -> st.SearchStrategy[Trace]:
     """Integer instances: alpha 0, beta 1, integer durations and sizes."""
     return traces(max_layers=max_layers, integer=True)

@@ -330,9 +330,10 @@ def _polish(
         improved = True
         while improved and len(replayed) < POLISH_BUDGET:
             improved = False
-            for starts in _polish_moves(current, chain.n):
+            for move in _polish_moves(current, chain.n):
                 if len(replayed) >= POLISH_BUDGET:
                     break
+                starts = chain.legal(move)  # a merge across element sizes is no move
                 key = partition_key(starts)
                 if key in seen:
                     continue

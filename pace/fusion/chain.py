@@ -52,14 +52,24 @@ class Chain:
     compute_makespan_us: float
     alpha_us: float
     beta_us_per_byte: float
+    # Where a group must start: each tensor whose element size differs from its predecessor's
+    # on the chain. The runtime all-reduces a fused unit as one buffer of one dtype and refuses
+    # a unit that mixes them (a float16 body beside a float32 head).
+    required_starts: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def n(self) -> int:
         return len(self.names)
 
+    def legal(self, starts: IntArray) -> IntArray:
+        """``starts`` with every required start added: no group mixes element sizes."""
+        if self.required_starts.size == 0:
+            return starts
+        return np.union1d(starts, self.required_starts).astype(np.int64)
+
     def plan(self, starts: IntArray, *, method: str, details: dict[str, object]) -> FusionPlan:
-        """The FusionPlan of partition ``starts`` (groups in chain order)."""
-        bounds = [*starts.tolist(), self.n]
+        """The FusionPlan of partition ``starts`` (groups in chain order; ``legal``)."""
+        bounds = [*self.legal(starts).tolist(), self.n]
         groups = tuple(tuple(self.names[a:b]) for a, b in itertools.pairwise(bounds))
         return FusionPlan(groups=groups, method=method, details=details)
 
@@ -74,6 +84,7 @@ def build_chain(trace: Trace) -> Chain:
     size = np.asarray(red.size_bytes, dtype=np.int64)
     order = np.lexsort((np.arange(release.size), tail, release))
     names = tuple(trace.tensors[int(k)].name for k in order)
+    element = np.asarray([trace.tensors[int(k)].element_bytes for k in order], dtype=np.int64)
     return Chain(
         names=names,
         size_bytes=size[order],
@@ -82,6 +93,7 @@ def build_chain(trace: Trace) -> Chain:
         compute_makespan_us=float(red.compute_makespan_us),
         alpha_us=float(trace.comm.alpha_us),
         beta_us_per_byte=float(trace.comm.beta_us_per_byte),
+        required_starts=(np.flatnonzero(np.diff(element)) + 1).astype(np.int64),
     )
 
 
@@ -116,6 +128,7 @@ class ChainOracle:
         return self.score(starts)[0]
 
     def score(self, starts: IntArray) -> Score:
+        starts = self.chain.legal(starts)
         key = partition_key(starts)
         hit = self._memo.get(key)
         if hit is not None:
@@ -137,6 +150,7 @@ class ChainOracle:
         """
         if self.plan_oracle is not None:
             return ()
+        starts = self.chain.legal(starts)
         key = partition_key(starts)
         hit = self._critical.get(key)
         if hit is None:

@@ -129,8 +129,12 @@ def local_search(
     the budget bounds work, not distinct partitions).
     """
     n = chain.n
+    starts = chain.legal(starts)
     cuts = np.zeros(n, dtype=bool)
     cuts[starts] = True
+    # A required start (two element sizes meet) is never merged away.
+    fixed = np.zeros(n, dtype=bool)
+    fixed[chain.required_starts] = True
     current = starts
     best = oracle.score(current)
     spent = 0
@@ -142,9 +146,10 @@ def local_search(
             shifts = np.flatnonzero(cuts)[:0:-1].tolist()
         else:
             toggles, shifts = focus
-        moves: list[tuple[int, ...]] = [(p,) for p in toggles]
+        moves: list[tuple[int, ...]] = [(p,) for p in toggles if not fixed[p]]
         for p in shifts:
-            moves.extend((p, q) for q in (p - 1, p + 1) if 0 < q < n and not cuts[q])
+            if not fixed[p]:
+                moves.extend((p, q) for q in (p - 1, p + 1) if 0 < q < n and not cuts[q])
         # Resume the sweep where the last accepted move was instead of at the urgent end again:
         # moves above it were just tried and mostly still fail. A full pass of the (rotated)
         # list without improvement is still a local optimum.
@@ -192,6 +197,7 @@ def search_fusion(
     pool: dict[bytes, PartitionCandidate] = {}
 
     def add(label: str, starts: IntArray) -> None:
+        starts = chain.legal(starts)
         key = partition_key(starts)
         if key not in pool:
             pool[key] = PartitionCandidate(label=label, starts=starts, cost_us=oracle(starts))

@@ -154,7 +154,9 @@ def plan_from_schedule(
             pieces.append(Piece(param=i, start=start, stop=stop))
         if len(dtypes) > 1:
             raise InputError(
-                f"a fused unit must carry one dtype, this one mixes {sorted(dtypes)}",
+                f"a fused unit must carry one dtype, this one mixes {sorted(dtypes)}; `pace "
+                "compile` fuses only tensors of one element size and cannot tell dtypes of one "
+                "size apart (float16, bfloat16): compile with --no-fusion --no-order-search",
                 where=where,
                 field=f"units[{ui}]",
             )
