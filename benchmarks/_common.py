@@ -160,3 +160,19 @@ def thread_cpu_ms() -> dict[str, float]:
     # while their variant's threads live, so those are constant offsets that cancel.
     split["backend"] = max(0.0, total_ms - sum(split.values()))
     return split
+
+
+def show_table(
+    title: str, header: Sequence[str], rows: Sequence[Sequence[object]], *, markdown: bool
+) -> None:
+    """Print a table: rich's (``pace.cli._output.print_table``), or markdown with ``markdown``."""
+    if not markdown:
+        from pace.cli._output import print_table
+
+        print_table(title, header, rows)
+        return
+    print(f"{title}\n\n| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for r in rows:
+        print("| " + " | ".join(str(c) for c in r) + " |")
+    print()

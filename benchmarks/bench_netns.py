@@ -1526,6 +1526,13 @@ def measure(args: argparse.Namespace) -> list[Row]:
                             trace, result.schedule, sync, backend, as_run=as_run
                         )
                     pred = {k: p.period_ms for k, p in sims.items()}
+                    if args.keep:  # the predictions beside the programs (bench_reachable.py)
+                        from pace.io import write_atomic
+
+                        write_atomic(
+                            Path(args.keep) / f"{rate}-{backend}.predicted.json",
+                            json.dumps({"predicted_ms": pred}, indent=1).encode(),
+                        )
                     independent = of_programs(
                         functools.partial(predictions_ms, trace, backend=backend), *programs
                     )
@@ -3068,9 +3075,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--keep",
         metavar="DIR",
-        help="write each rate's trace (with the fitted link), compiled schedule and launch "
-        "logs (every rank's units, marks and gradient times) to DIR, e.g. for `pace timeline "
-        "DIR/1gbit-torch.trace.json.gz --schedule ...`",
+        help="write each rate's trace (with the fitted link), compiled schedule, predictions "
+        "and launch logs (every rank's units, marks and gradient times) to DIR, e.g. for `pace "
+        "timeline DIR/1gbit-torch.trace.json.gz --schedule ...` or bench_reachable.py DIR",
     )
     ap.add_argument("--markdown", action="store_true", help="print the final table as markdown")
     ap.add_argument(

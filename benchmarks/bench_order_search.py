@@ -30,8 +30,7 @@ BETAS_US_PER_BYTE: tuple[float | None, ...] = (None, 3e-4, 1e-3)
 
 
 def main() -> int:
-    from benchmarks._common import kept_traces
-    from pace.cli._output import print_table
+    from benchmarks._common import kept_traces, show_table
     from pace.compiler import apply_what_if, compile_trace
     from pace.sim import runtime_replay_us
     from pace.synth import random_trace
@@ -43,14 +42,7 @@ def main() -> int:
     args = ap.parse_args()
 
     def show(title: str, header: list[str], rows: list[list[object]]) -> None:
-        if not args.markdown:
-            print_table(title, header, rows)
-            return
-        print(f"{title}\n\n| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for r in rows:
-            print("| " + " | ".join(str(c) for c in r) + " |")
-        print()
+        show_table(title, header, rows, markdown=args.markdown)
 
     rows: list[list[object]] = []
     for directory in args.dirs:
