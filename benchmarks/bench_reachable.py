@@ -27,6 +27,10 @@ annealing from the compiled schedule, one step at a time:
 A step slower by ``d`` is taken with probability ``exp(-d / T)``, ``T`` falling geometrically
 from ``START_TEMPERATURE`` of the compiled schedule's period to ``END_TEMPERATURE`` of it.
 
+A schedule the compiler sent to the framework's own path (``framework`` in the file) is searched
+from its units; the speed-up columns then set the units against vanilla through the path's own
+replay on the trace, and "speed-up compiled" is the path's, marked "(path)".
+
 It is a search, not a bound: the LP's bound (``pace.lp.lower_bound_us``, printed beside) is
 below every schedule but charges no per-call cost and lets a tensor's bytes go anywhere at no
 price. Where the best found and the compiled schedule are close, the compiler is at what the
@@ -208,6 +212,7 @@ def _predicted(path: Path) -> dict[str, float]:
 
 def main() -> int:
     from benchmarks._common import kept_traces, show_table
+    from pace.compiler import framework_path_us
     from pace.io import load_schedule
     from pace.lp import lower_bound_us
     from pace.sim import runtime_replay_us
@@ -229,9 +234,13 @@ def main() -> int:
             found = [r.iteration_us for r in runs]
             pred = _predicted(directory / f"{tag}.predicted.json")
             vanilla, pace = pred.get("vanilla"), pred.get("pace")
-            # The launch's predictions are the compiler's replay, possibly at the launch's
-            # compute: scale the best found by its ratio to the compiled one there.
-            best_pred = pace * best.iteration_us / compiled_us if pace else None
+            # The launch's prediction of `pace` is the compiler's replay at the launch's compute
+            # (with --handoff): the best found and the bound are scaled by their ratio to what
+            # it replayed on the trace, the units or, where the compiler sent the schedule to
+            # the framework's own path, that path.
+            path_us = framework_path_us(trace) if schedule.framework else None
+            shipped_us = path_us or compiled_us
+            best_pred = pace * best.iteration_us / shipped_us if pace else None
             bound_us = lower_bound_us(trace)
             most = vanilla / best_pred if vanilla and best_pred else None
             rows.append(
@@ -244,11 +253,11 @@ def main() -> int:
                     f"{best.iteration_us / compiled_us - 1:+.2%}",
                     f"{bound_us / 1e3:.1f}",
                     f"{vanilla:.1f}" if vanilla else "-",
-                    f"{vanilla / pace:.3f}x" if vanilla and pace else "-",
-                    f"{most:.3f}x" if most else "-",
-                    f"{vanilla / (pace * bound_us / compiled_us):.3f}x"
+                    (f"{vanilla / pace:.3f}x" + (" (path)" if path_us else ""))
                     if vanilla and pace
                     else "-",
+                    f"{most:.3f}x" if most else "-",
+                    f"{vanilla / (pace * bound_us / shipped_us):.3f}x" if vanilla and pace else "-",
                     ("within the model" if most >= GOAL else "beyond the model's best")
                     if most
                     else "-",

@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks import bench_reachable as reach
-from pace.compiler import compile_trace
+from pace.compiler import compile_trace, framework_path_us
 from pace.io import save_schedule, save_trace
-from pace.ir import Schedule, Slice, Trace, Unit
+from pace.ir import FrameworkPath, Schedule, Slice, Trace, Unit
 from pace.sim import runtime_replay_us
 from pace.synth import random_trace
 from pace.verify import verify_schedule
@@ -117,3 +117,35 @@ def test_the_table_from_a_kept_directory(tmp_path: Path, monkeypatch, capsys) ->
     assert cells[8] == "1.300x"  # vanilla / pace, as predicted
     assert float(cells[9].rstrip("x")) >= 1.3  # the best found is no slower
     assert cells[-1] == "within the model"
+
+
+def test_a_schedule_on_the_frameworks_path_is_set_against_vanilla_through_the_path(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    base = random_trace(seed=5, n_layers=6, alpha_us=200.0)
+    # A framework whose calls cost half the runtime's: its path replays faster than any units.
+    path = FrameworkPath(
+        backend="horovod",
+        alpha_us=base.comm.alpha_us / 2,
+        beta_us_per_byte=base.comm.beta_us_per_byte / 2,
+    )
+    trace = dataclasses.replace(base, comm=dataclasses.replace(base.comm, framework=path))
+    schedule = dataclasses.replace(compile_trace(trace).schedule, framework="horovod")
+    path_ms = framework_path_us(trace) / 1e3
+    units_ms = runtime_replay_us(trace, schedule) / 1e3
+    assert path_ms < units_ms
+    save_trace(trace, tmp_path / "2gbit-horovod.trace.json.gz")
+    save_schedule(schedule, tmp_path / "2gbit-horovod.schedule.json")
+    (tmp_path / "2gbit-horovod.predicted.json").write_text(
+        json.dumps({"predicted_ms": {"vanilla": path_ms, "pace": path_ms}})
+    )
+    argv = ["bench_reachable.py", str(tmp_path), "--steps", "50", "--seeds", "1", "--markdown"]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert reach.main() == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "2gbit-horovod" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[8] == "1.000x (path)"
+    # The units found are slower than the path: vanilla over them is below 1.
+    best_ms = float(cells[3].split()[0])
+    assert float(cells[9].rstrip("x")) == pytest.approx(path_ms / best_ms, abs=2e-3)
+    assert cells[-1] == "beyond the model's best"

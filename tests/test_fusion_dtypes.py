@@ -41,6 +41,7 @@ def test_no_fusion_group_mixes_element_sizes(trace: Trace, method: str) -> None:
     element = {t.name: t.element_bytes for t in trace.tensors}
     plan = plan_fusion(trace, method=method)
     assert all(len({element[n] for n in g}) == 1 for g in plan.groups)
+    assert plan.details["n_groups"] == len(plan.groups)
     assert sorted(n for g in plan.groups for n in g) == sorted(element)
 
 

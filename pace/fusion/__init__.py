@@ -163,7 +163,8 @@ def fuse(
     if method == "paper":
         details = {
             **paper_details,
-            "n_groups": sweep.best_groups,
+            # R, plus the cuts between element sizes (``Chain.required_starts``).
+            "n_groups": int(chain.legal(sweep.best_starts).size),
             "oracle_us": sweep.best_cost_us,
             "oracle_evaluations": cost.evaluations,
         }
