@@ -30,7 +30,7 @@ from pace.sim.policies import (
     partition_units,
     resolve_policy,
 )
-from tests.strategies import traces
+from tests.strategies import traces, typed_traces
 
 FAST_POLICIES = [n for n in POLICIES if n != "bytescheduler-tuned"]
 EPS = 1e-6
@@ -260,3 +260,38 @@ def test_ddp_buckets_are_ready_order_runs_closed_at_their_limit(
     res = simulate(trace, ddp(bucket_cap_bytes=cap, first_bucket_bytes=first))
     # Issued strictly in bucket order.
     assert list(res.unit_start_us) == sorted(res.unit_start_us)
+
+
+@settings(max_examples=40)
+@given(typed_traces(), st.integers(1, 1 << 24), st.integers(1, 1 << 22))
+def test_ddp_buckets_hold_one_dtype_each_closed_at_its_own_limit(
+    trace: Trace, cap: int, first: int
+) -> None:
+    # DDP's reducer keeps one open bucket per dtype: per element size, the buckets are the runs
+    # of the ready order's tensors of that size, each closed at its size's first or later limit.
+    prep = analyze(trace)
+    buckets = ddp_buckets(prep, prep.ready_order, cap_bytes=cap, first_bytes=first)
+    assert sorted(k for b in buckets for k in b) == sorted(prep.ready_order)
+    position = {k: i for i, k in enumerate(prep.ready_order)}
+    closed: set[int] = set()  # ids of the buckets that reached their limit
+    for size in set(prep.element_bytes):
+        mine = [b for b in buckets if prep.element_bytes[b[0]] == size]
+        assert all(prep.element_bytes[k] == size for b in mine for k in b)
+        walk = [k for k in prep.ready_order if prep.element_bytes[k] == size]
+        assert [k for b in mine for k in b] == walk
+        for i, b in enumerate(mine):
+            limit = first if i == 0 else cap
+            total = sum(prep.size_bytes[k] for k in b)
+            assert total - prep.size_bytes[b[-1]] < limit
+            if total >= limit:
+                closed.add(id(b))
+            else:
+                assert i == len(mine) - 1  # only a dtype's last bucket is left open
+    # The closed buckets in the order they closed (their last tensor), then the open ones in the
+    # order of their first tensor.
+    flags = [id(b) in closed for b in buckets]
+    assert flags == sorted(flags, reverse=True)
+    shut = [position[b[-1]] for b, f in zip(buckets, flags, strict=True) if f]
+    left = [position[b[0]] for b, f in zip(buckets, flags, strict=True) if not f]
+    assert shut == sorted(shut)
+    assert left == sorted(left)

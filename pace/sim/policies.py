@@ -213,24 +213,30 @@ def horovod_old() -> Policy:
 def ddp_buckets(
     prep: TraceAnalysis, order: Iterable[int], *, cap_bytes: int, first_bytes: int
 ) -> list[list[int]]:
-    """PyTorch DDP's bucket assignment: walk tensors in ``order``, close a bucket once its size
-    reaches the limit (so a bucket may exceed it by its last tensor); the first bucket's limit is
-    ``first_bytes``, every later one ``cap_bytes``.
+    """PyTorch DDP's bucket assignment (the reducer's ``compute_bucket_assignment_by_size``):
+    walk tensors in ``order``, each into the open bucket of its dtype (here: its element size;
+    a bucket holds one dtype), and close that bucket once its size reaches its limit (so a bucket
+    may exceed it by its last tensor); each dtype's first bucket's limit is ``first_bytes``,
+    every later one ``cap_bytes``. Buckets in the order they closed, then the ones left open in
+    the order of their first tensor. With one dtype: runs of ``order``.
     """
+    walk = list(order)
+    position = {k: i for i, k in enumerate(walk)}
     buckets: list[list[int]] = []
-    current: list[int] = []
-    size = 0
-    limit = first_bytes
-    for k in order:
+    open_: dict[int, tuple[list[int], int]] = {}  # element size -> (tensors, bytes)
+    limits: dict[int, int] = {}
+    for k in walk:
+        key = prep.element_bytes[k]
+        current, size = open_.pop(key, ([], 0))
         current.append(k)
         size += prep.size_bytes[k]
+        limit = limits.setdefault(key, first_bytes)
         if size >= limit:
             buckets.append(current)
-            current = []
-            size = 0
-            limit = cap_bytes
-    if current:
-        buckets.append(current)
+            limits[key] = cap_bytes
+        else:
+            open_[key] = (current, size)
+    buckets.extend(sorted((b for b, _ in open_.values()), key=lambda b: position[b[0]]))
     return buckets
 
 
