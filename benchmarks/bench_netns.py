@@ -1352,7 +1352,7 @@ def launch_calibrated_ms(
 
 def measure(args: argparse.Namespace) -> list[Row]:
     from pace.compiler import compile_trace
-    from pace.io import load_trace, save_schedule, save_trace
+    from pace.io import load_trace, save_schedule, save_trace, write_atomic
 
     tmp = Path(tempfile.mkdtemp(prefix="pace-netns-"))
     try:
@@ -1527,8 +1527,6 @@ def measure(args: argparse.Namespace) -> list[Row]:
                         )
                     pred = {k: p.period_ms for k, p in sims.items()}
                     if args.keep:  # the predictions beside the programs (bench_reachable.py)
-                        from pace.io import write_atomic
-
                         write_atomic(
                             Path(args.keep) / f"{rate}-{backend}.predicted.json",
                             json.dumps({"predicted_ms": pred}, indent=1).encode(),

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import random
 import sys
@@ -205,9 +204,11 @@ def anneal(
 
 
 def _predicted(path: Path) -> dict[str, float]:
+    from pace.io import load_json
+
     if not path.exists():
         return {}
-    return {k: float(v) for k, v in json.loads(path.read_text())["predicted_ms"].items()}
+    return {k: float(v) for k, v in load_json(path)["predicted_ms"].items()}
 
 
 def main() -> int:
