@@ -12,7 +12,7 @@ The compiler searches parts of the space in turn: the LP places the jobs, the fu
 tensors, the order search (``pace.order_search``) moves and joins whole units. None of them
 moves part of a tensor from one unit to another once the units exist. The search here takes
 every schedule the runtime can run: any partition of every tensor's bytes into units (slices
-included, whole elements, one element size per unit, as the runtime requires), in any issue
+included, whole elements, one dtype per unit, as the runtime requires), in any issue
 order, each replayed as the runtime issues it (``pace.sim.runtime_replay_us``: the compiler's
 own prediction, with the trace's interference, update and copy-back costs). It is simulated
 annealing from the compiled schedule, one step at a time:
@@ -120,9 +120,10 @@ def _key(state: State) -> tuple[tuple[Piece, ...], ...]:
     return tuple(tuple(u) for u in state)
 
 
-def step(state: State, rng: random.Random, element_bytes: dict[str, int]) -> State:
+def step(state: State, rng: random.Random, kinds: dict[str, tuple[int, str]]) -> State:
     """One of the module doc's steps from ``state`` (a new state; possibly the same schedule),
-    units with one element size only, touching pieces of a tensor in a unit joined."""
+    units of one ``Tensor.fusion_kind`` only (``kinds``: per tensor), touching pieces of a
+    tensor in a unit joined."""
     units = [list(u) for u in state]
     i = rng.randrange(len(units))
     kind = rng.randrange(5)
@@ -144,7 +145,7 @@ def step(state: State, rng: random.Random, element_bytes: dict[str, int]) -> Sta
     elif kind == 4:  # cut a piece, its second part elsewhere
         k = rng.randrange(len(units[i]))
         name, lo, hi = units[i][k]
-        size = element_bytes[name]
+        size = kinds[name][0]  # the element size
         mid = lo + int((hi - lo) * rng.choice(CUTS)) // size * size
         if hi - lo >= MIN_CUT_BYTES and lo < mid < hi:
             units[i][k] = (name, lo, mid)
@@ -154,7 +155,7 @@ def step(state: State, rng: random.Random, element_bytes: dict[str, int]) -> Sta
             else:
                 units[j].append((name, mid, hi))
     out = [_coalesced(u) for u in units if u]
-    if any(len({element_bytes[n] for n, _, _ in u}) > 1 for u in out):
+    if any(len({kinds[n] for n, _, _ in u}) > 1 for u in out):
         return [list(u) for u in state]  # the runtime refuses a unit of two dtypes
     return out
 
@@ -172,7 +173,7 @@ def anneal(
     from pace.sim import runtime_replay_us
 
     replay = replay_us or runtime_replay_us
-    element_bytes = {t.name: t.element_bytes for t in trace.tensors}
+    kinds = {t.name: t.fusion_kind for t in trace.tensors}
     seen: dict[tuple[tuple[Piece, ...], ...], float] = {}
 
     def cost(state: State) -> float:
@@ -188,7 +189,7 @@ def anneal(
     hot, cold = START_TEMPERATURE * start_us, END_TEMPERATURE * start_us
     for n in range(steps):
         temperature = hot * (cold / hot) ** (n / max(steps - 1, 1))
-        cand = step(current, rng, element_bytes)
+        cand = step(current, rng, kinds)
         cand_us = cost(cand)
         if cand_us <= now_us or rng.random() < math.exp(-(cand_us - now_us) / temperature):
             current, now_us = cand, cand_us

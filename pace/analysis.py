@@ -68,6 +68,7 @@ class TraceAnalysis:
     consumers: tuple[tuple[int, ...], ...]
     size_bytes: tuple[int, ...]
     element_bytes: tuple[int, ...]
+    fusion_kind: tuple[tuple[int, str], ...]  # per tensor: ``Tensor.fusion_kind``
     # Compute-only schedule (no communication at all): earliest start / finish of each op.
     es_us: list[float]
     ef_us: list[float]
@@ -276,6 +277,7 @@ def _build(trace: Trace) -> TraceAnalysis:
         consumers=tuple(consumers),
         size_bytes=tuple(int(t.size_bytes) for t in trace.tensors),
         element_bytes=tuple(int(t.element_bytes) for t in trace.tensors),
+        fusion_kind=tuple(t.fusion_kind for t in trace.tensors),
         es_us=es,
         ef_us=ef,
         critical_path_us=cp,

@@ -587,13 +587,13 @@ def _order_searched(
 
     grouped = functools.partial(_grouped, sched)
     # A unit is one buffer of one dtype (the runtime refuses a fused unit that mixes them): join
-    # only units whose tensors have one element size.
-    element = {t.name: t.element_bytes for t in compiled.tensors}
-    size_of = [{element[s.tensor] for s in u.slices} for u in units]
+    # only units whose tensors have one fusion kind (element size and dtype).
+    kind = {t.name: t.fusion_kind for t in compiled.tensors}
+    kinds_of = [{kind[s.tensor] for s in u.slices} for u in units]
 
     def steps(groups: Sequence[tuple[int, ...]]) -> Iterator[list[tuple[int, ...]]]:
         for cand in regroupings(groups) if join_units else moves(groups):
-            if all(len(g) == 1 or len(set().union(*(size_of[u] for u in g))) == 1 for g in cand):
+            if all(len(g) == 1 or len(set().union(*(kinds_of[u] for u in g))) == 1 for g in cand):
                 yield cand
 
     start: list[tuple[int, ...]] = [

@@ -34,16 +34,18 @@ def trace_digest(trace: Trace) -> str:
     The hashed text is the canonical JSON (sorted keys, no spaces) of
     ``{"digest": "pace.trace/1", "ops": [[name, phase, duration_us, [deps]], ...],
     "tensors": [[name, bytes, producer, [consumers]], ...]}`` (``element_bytes`` appended to a
-    tensor's list when it is not 1).
+    tensor's list when it is not 1, then its ``dtype`` when recorded).
     """
     payload = {
         "digest": "pace.trace/1",
         "ops": [[op.name, op.phase, float(op.duration_us), list(op.deps)] for op in trace.ops],
-        # element_bytes joins a tensor's entry only when known (!= 1): it constrains valid
-        # schedules, and leaving it out otherwise keeps the digests of older traces unchanged.
+        # element_bytes and dtype join a tensor's entry only when known (!= 1, != ""): they
+        # constrain valid schedules, and leaving them out otherwise keeps the digests of older
+        # traces unchanged.
         "tensors": [
             [t.name, int(t.size_bytes), t.producer, list(t.consumers)]
             + ([int(t.element_bytes)] if t.element_bytes != 1 else [])
+            + ([t.dtype] if t.dtype else [])
             for t in trace.tensors
         ],
     }

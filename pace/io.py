@@ -682,6 +682,7 @@ def _tensor_from(r: _Reader, v: Any, path: str) -> Tensor:
             if "element_bytes" in o
             else 1
         ),
+        dtype=r.str_(o["dtype"], f"{path}.dtype") if "dtype" in o else "",
     )
 
 
@@ -929,6 +930,7 @@ def trace_to_dict(trace: Trace) -> dict[str, Any]:
                 "consumers": list(t.consumers),
                 # Written only when known, so traces without it round-trip unchanged.
                 **({"element_bytes": t.element_bytes} if t.element_bytes != 1 else {}),
+                **({"dtype": t.dtype} if t.dtype else {}),
             }
             for t in trace.tensors
         ],

@@ -21,6 +21,7 @@ from pace.options import PHASES, SCHEDULE_MODES, Phase, ScheduleMode
 # The op phases and schedule modes are defined in pace.options (every option set in one place)
 # and re-exported here, where most modules have always imported them from.
 __all__ = [
+    "DTYPE_ELEMENT_BYTES",
     "PHASES",
     "SCHEDULE_MODES",
     "CommModel",
@@ -55,7 +56,11 @@ class Tensor:
     Ready when ``producer`` finishes; each op in ``consumers`` may start only after the
     tensor's all-reduce completes. ``element_bytes`` is the size of one element (4 for float32):
     a partition of the tensor must start and end on an element boundary, since the runtime
-    all-reduces whole elements. 1 means unknown (any byte boundary).
+    all-reduces whole elements. 1 means unknown (any byte boundary). ``dtype`` is the
+    gradient's dtype as torch names it (``"float16"``, ``"bfloat16"``; ``""``: not recorded):
+    the runtime all-reduces a fused unit as one buffer of one dtype, so only tensors of one
+    ``fusion_kind`` may share a unit, and two dtypes of one element size (float16 and
+    bfloat16) can be told apart only by it.
     """
 
     name: str
@@ -63,6 +68,24 @@ class Tensor:
     producer: str
     consumers: tuple[str, ...] = ()
     element_bytes: int = 1
+    dtype: str = ""
+
+    @property
+    def fusion_kind(self) -> tuple[int, str]:
+        """What tensors sharing a fused unit must have in common: element size and dtype (a
+        tensor whose dtype is not recorded is of another kind than one whose dtype is)."""
+        return (self.element_bytes, self.dtype)
+
+
+DTYPE_ELEMENT_BYTES: Mapping[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "complex128": 16, "complex64": 8, "complex32": 4,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}  # fmt: skip
+"""The element size of each dtype torch names (``str(torch.float16)`` without ``torch.``): a
+trace's tensor whose ``dtype`` is one of these must have this ``element_bytes``. Other names are
+accepted as given (a dtype newer than this table), compared by name only."""
 
 
 MAX_COMPUTE_LOSS = 0.95

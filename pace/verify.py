@@ -37,7 +37,7 @@ from pace.bounds import (
 from pace.checks import is_int, is_number, shown
 from pace.digest import trace_digest
 from pace.errors import InputError, ScheduleMismatchError
-from pace.ir import CommModel, Schedule, Slice, Trace
+from pace.ir import DTYPE_ELEMENT_BYTES, CommModel, Schedule, Slice, Tensor, Trace
 from pace.options import PHASES
 
 # Names printed in a message: a cycle through thousands of ops, or a name of 10,000 characters,
@@ -126,6 +126,52 @@ def _check_unique(names: Sequence[str], kind: str, list_key: str, where: str) ->
             )
         index[name] = i
     return index
+
+
+# A dtype is a short name (torch's are at most 15 characters); this bounds what a file may say.
+MAX_DTYPE_CHARS = 64
+
+
+def _check_dtype(t: Tensor, ti: int, where: str) -> None:
+    """``dtype``: a short string ("" when not recorded) that agrees with ``element_bytes`` when
+    it is one torch names (``DTYPE_ELEMENT_BYTES``): the element boundaries of the schedule's
+    slices come from ``element_bytes``, so the two must not disagree."""
+    field = f"tensors[{ti}].dtype"
+    if not isinstance(t.dtype, str) or len(t.dtype) > MAX_DTYPE_CHARS:
+        raise InputError(
+            f"must be a dtype name of at most {MAX_DTYPE_CHARS} characters, got {_q(t.dtype)}",
+            where=where,
+            field=field,
+        )
+    size = DTYPE_ELEMENT_BYTES.get(t.dtype)
+    if size is not None and size != t.element_bytes:
+        raise InputError(
+            f"{t.dtype} has {size}-byte elements but element_bytes is {_q(t.element_bytes)}: "
+            f"set element_bytes to {size}",
+            where=where,
+            field=field,
+        )
+
+
+def _check_one_kind(
+    slices: Sequence[Slice], kinds: dict[str, tuple[int, str]], field: str, where: str
+) -> None:
+    """The runtime all-reduces a unit as one buffer of one dtype: its tensors must share a
+    ``Tensor.fusion_kind``."""
+    first: dict[tuple[int, str], str] = {}
+    for s in slices:
+        first.setdefault(kinds[s.tensor], s.tensor)
+    if len(first) > 1:
+        shown_kinds = ", ".join(
+            f"{dtype or f'{size}-byte elements'} ({_q(name)})"
+            for (size, dtype), name in sorted(first.items())
+        )
+        raise InputError(
+            f"a unit is all-reduced as one buffer of one dtype, this one mixes {shown_kinds}: "
+            "split it, or compile again with this version of pace",
+            where=where,
+            field=field,
+        )
 
 
 def _check_name_list(names: object, field: str, where: str) -> None:
@@ -245,6 +291,7 @@ def verify_trace(trace: Trace, where: str = "") -> None:
                 where=where,
                 field=f"tensors[{ti}].element_bytes",
             )
+        _check_dtype(t, ti, where)
         _check_name_list(t.consumers, f"tensors[{ti}].consumers", where)
         p = op_index.get(t.producer) if isinstance(t.producer, str) else None
         if p is None:
@@ -370,6 +417,7 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
         )
     sizes = {t.name: t.size_bytes for t in trace.tensors}
     elements = {t.name: t.element_bytes for t in trace.tensors}
+    kinds = {t.name: t.fusion_kind for t in trace.tensors}
     # tensor -> [(offset, end, field path)]
     pieces: dict[str, list[tuple[int, int, str]]] = {name: [] for name in sizes}
     for ui, unit in enumerate(schedule.units):
@@ -425,6 +473,7 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
                     field=path,
                 )
             pieces[s.tensor].append((s.offset_bytes, end, path))
+        _check_one_kind(unit.slices, kinds, f"units[{ui}]", where)
 
     for t in trace.tensors:
         parts = sorted(pieces[t.name])

@@ -7,7 +7,7 @@ import random
 
 from hypothesis import strategies as st
 
-from pace.ir import Schedule, Trace
+from pace.ir import DTYPE_ELEMENT_BYTES, Schedule, Trace
 from pace.synth import (
     MIN_OPS_PER_LAYER,
     SKIP_PROB_CHOICES,
@@ -37,15 +37,22 @@ def traces(
 
 @st.composite
 def typed_traces(draw: st.DrawFn, *, max_layers: int = 6, min_bytes: int = 0) -> Trace:
-    """Random traces whose tensors are float32 or float16 (4 or 2 bytes an element, drawn per
-    tensor: a model that keeps some layers in another precision), each at least ``min_bytes``
-    plus one element long."""
+    """Random traces whose tensors are float32, float16 or bfloat16 (drawn per tensor: a model
+    that keeps some layers in another precision; float16 and bfloat16 have one element size),
+    each at least ``min_bytes`` plus one element long."""
     trace = draw(traces(max_layers=max_layers))
     n = len(trace.tensors)
-    widths = draw(st.lists(st.sampled_from([2, 4]), min_size=n, max_size=n))
+    dtypes = draw(
+        st.lists(st.sampled_from(["float32", "float16", "bfloat16"]), min_size=n, max_size=n)
+    )
     tensors = tuple(
-        dataclasses.replace(t, element_bytes=w, size_bytes=(t.size_bytes // w + 1) * w + min_bytes)
-        for t, w in zip(trace.tensors, widths, strict=True)
+        dataclasses.replace(
+            t,
+            element_bytes=(w := DTYPE_ELEMENT_BYTES[d]),
+            dtype=d,
+            size_bytes=(t.size_bytes // w + 1) * w + min_bytes,
+        )
+        for t, d in zip(trace.tensors, dtypes, strict=True)
     )
     return dataclasses.replace(trace, tensors=tensors)
 

@@ -28,13 +28,14 @@ from tests.strategies import typed_traces
 
 
 def _covered(trace: Trace, state: reach.State) -> None:
-    """Every tensor's bytes exactly once, in whole elements; one element size per unit."""
+    """Every tensor's bytes exactly once, in whole elements; one dtype per unit."""
     size = {t.name: t.size_bytes for t in trace.tensors}
     element = {t.name: t.element_bytes for t in trace.tensors}
+    kind = {t.name: t.fusion_kind for t in trace.tensors}
     got: dict[str, list[tuple[int, int]]] = {n: [] for n in size}
     for unit in state:
         assert unit, "an empty unit"
-        assert len({element[n] for n, _, _ in unit}) == 1
+        assert len({kind[n] for n, _, _ in unit}) == 1
         for n, lo, hi in unit:
             assert 0 <= lo < hi <= size[n]
             assert lo % element[n] == 0
@@ -64,10 +65,10 @@ def _one_unit(trace: Trace, compiled: Schedule) -> Schedule:
 def test_steps_keep_a_schedule_whole(trace: Trace, seed: int, n: int) -> None:
     compiled = compile_trace(trace).schedule
     rng = random.Random(seed)
-    element = {t.name: t.element_bytes for t in trace.tensors}
+    kinds = {t.name: t.fusion_kind for t in trace.tensors}
     state = reach.state_of(compiled)
     for _ in range(n):
-        state = reach.step(state, rng, element)
+        state = reach.step(state, rng, kinds)
         _covered(trace, state)
     verify_schedule(reach.schedule_of(compiled, state), trace)
 

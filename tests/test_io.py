@@ -226,7 +226,7 @@ def test_unknown_keys_are_ignored_everywhere() -> None:
     obj = json.loads(TINY.read_text())
     obj["future_top"] = {"x": 1}
     obj["ops"][0]["future_op_field"] = [1, 2]
-    obj["tensors"][0]["dtype"] = "float16"
+    obj["tensors"][0]["layout"] = "strided"
     obj["comm"]["topology"] = "fat-tree"
     assert trace_from_dict(obj) == tiny()
 

@@ -267,17 +267,18 @@ def test_ddp_buckets_are_ready_order_runs_closed_at_their_limit(
 def test_ddp_buckets_hold_one_dtype_each_closed_at_its_own_limit(
     trace: Trace, cap: int, first: int
 ) -> None:
-    # DDP's reducer keeps one open bucket per dtype: per element size, the buckets are the runs
-    # of the ready order's tensors of that size, each closed at its size's first or later limit.
+    # DDP's reducer keeps one open bucket per dtype: per dtype, the buckets are the runs of the
+    # ready order's tensors of that dtype, each closed at its dtype's first or later limit
+    # (float16 and bfloat16, of one element size, apart).
     prep = analyze(trace)
     buckets = ddp_buckets(prep, prep.ready_order, cap_bytes=cap, first_bytes=first)
     assert sorted(k for b in buckets for k in b) == sorted(prep.ready_order)
     position = {k: i for i, k in enumerate(prep.ready_order)}
     closed: set[int] = set()  # ids of the buckets that reached their limit
-    for size in set(prep.element_bytes):
-        mine = [b for b in buckets if prep.element_bytes[b[0]] == size]
-        assert all(prep.element_bytes[k] == size for b in mine for k in b)
-        walk = [k for k in prep.ready_order if prep.element_bytes[k] == size]
+    for kind in set(prep.fusion_kind):
+        mine = [b for b in buckets if prep.fusion_kind[b[0]] == kind]
+        assert all(prep.fusion_kind[k] == kind for b in mine for k in b)
+        walk = [k for k in prep.ready_order if prep.fusion_kind[k] == kind]
         assert [k for b in mine for k in b] == walk
         for i, b in enumerate(mine):
             limit = first if i == 0 else cap

@@ -163,7 +163,7 @@ def fuse(
     if method == "paper":
         details = {
             **paper_details,
-            # R, plus the cuts between element sizes (``Chain.required_starts``).
+            # R, plus the cuts between dtypes (``Chain.required_starts``).
             "n_groups": int(chain.legal(sweep.best_starts).size),
             "oracle_us": sweep.best_cost_us,
             "oracle_evaluations": cost.evaluations,
@@ -334,7 +334,7 @@ def _polish(
             for move in _polish_moves(current, chain.n):
                 if len(replayed) >= POLISH_BUDGET:
                     break
-                starts = chain.legal(move)  # a merge across element sizes is no move
+                starts = chain.legal(move)  # a merge across dtypes is no move
                 key = partition_key(starts)
                 if key in seen:
                     continue

@@ -52,9 +52,9 @@ class Chain:
     compute_makespan_us: float
     alpha_us: float
     beta_us_per_byte: float
-    # Where a group must start: each tensor whose element size differs from its predecessor's
-    # on the chain. The runtime all-reduces a fused unit as one buffer of one dtype and refuses
-    # a unit that mixes them (a float16 body beside a float32 head).
+    # Where a group must start: each tensor whose fusion kind (element size and dtype) differs
+    # from its predecessor's on the chain. The runtime all-reduces a fused unit as one buffer
+    # of one dtype and refuses a unit that mixes them (a float16 body beside a float32 head).
     required_starts: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
@@ -62,7 +62,7 @@ class Chain:
         return len(self.names)
 
     def legal(self, starts: IntArray) -> IntArray:
-        """``starts`` with every required start added: no group mixes element sizes."""
+        """``starts`` with every required start added: no group mixes dtypes."""
         if self.required_starts.size == 0:
             return starts
         return np.union1d(starts, self.required_starts).astype(np.int64)
@@ -84,7 +84,12 @@ def build_chain(trace: Trace) -> Chain:
     size = np.asarray(red.size_bytes, dtype=np.int64)
     order = np.lexsort((np.arange(release.size), tail, release))
     names = tuple(trace.tensors[int(k)].name for k in order)
-    element = np.asarray([trace.tensors[int(k)].element_bytes for k in order], dtype=np.int64)
+    # One integer per fusion kind (element size and dtype): a cut wherever neighbours differ.
+    kind_ids: dict[tuple[int, str], int] = {}
+    kind = np.asarray(
+        [kind_ids.setdefault(trace.tensors[int(k)].fusion_kind, len(kind_ids)) for k in order],
+        dtype=np.int64,
+    )
     return Chain(
         names=names,
         size_bytes=size[order],
@@ -93,7 +98,7 @@ def build_chain(trace: Trace) -> Chain:
         compute_makespan_us=float(red.compute_makespan_us),
         alpha_us=float(trace.comm.alpha_us),
         beta_us_per_byte=float(trace.comm.beta_us_per_byte),
-        required_starts=(np.flatnonzero(np.diff(element)) + 1).astype(np.int64),
+        required_starts=(np.flatnonzero(np.diff(kind)) + 1).astype(np.int64),
     )
 
 

@@ -132,7 +132,7 @@ def local_search(
     starts = chain.legal(starts)
     cuts = np.zeros(n, dtype=bool)
     cuts[starts] = True
-    # A required start (two element sizes meet) is never merged away.
+    # A required start (two dtypes meet) is never merged away.
     fixed = np.zeros(n, dtype=bool)
     fixed[chain.required_starts] = True
     current = starts

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pace.errors import InputError
 from pace.importer.build import ImportTiming, step_record
 from pace.importer.comm import CommSamples, measured_allreduces
-from pace.importer.et import ExecutionTrace, TensorRef, load_execution_trace
+from pace.importer.et import ExecutionTrace, TensorRef, load_execution_trace, torch_dtype_name
 from pace.importer.files import PathLike
 from pace.importer.kineto import KinetoTrace, load_kineto
 from pace.importer.link import (
@@ -332,6 +332,7 @@ def _window(
             name=naming.names[s],
             size_bytes=found[s].size_bytes,
             element_bytes=found[s].itemsize,
+            dtype=torch_dtype_name(found[s].dtype),
         )
         for s in naming.order
     ]

@@ -269,6 +269,21 @@ def _is_tensor_value(value: Any) -> bool:
     )
 
 
+# How the execution trace spells the dtypes a gradient may have (C++ type names), as torch
+# names them (the trace format's ``dtype``).
+_TORCH_DTYPE_NAMES = {
+    "float": "float32", "double": "float64", "c10::Half": "float16", "c10::BFloat16": "bfloat16",
+    "long int": "int64", "int": "int32", "short int": "int16", "signed char": "int8",
+    "unsigned char": "uint8", "bool": "bool",
+}  # fmt: skip
+
+
+def torch_dtype_name(et_dtype: str) -> str:
+    """The dtype the execution trace spells ``et_dtype`` as torch names it (``"c10::Half"`` ->
+    ``"float16"``); ``""`` for one it does not know (the trace then records none)."""
+    return _TORCH_DTYPE_NAMES.get(et_dtype, "")
+
+
 def _dtype_of(typ: str) -> str:
     # "Tensor(float)" -> "float"; a list element type is resolved by _split_list_type first.
     start, end = typ.find("("), typ.rfind(")")

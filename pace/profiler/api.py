@@ -131,6 +131,7 @@ def profile(
             name=n,
             size_bytes=int(p.numel() * p.element_size()),
             element_bytes=int(p.element_size()),
+            dtype=str(p.dtype).removeprefix("torch."),
         )
         for n, p in trainable
         if p.grad is not None

@@ -31,11 +31,13 @@ Timing = Literal["span", "kernel"]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParamInfo:
-    """A parameter that received a gradient: its name, gradient size and element size."""
+    """A parameter that received a gradient: its name, gradient size, element size and dtype
+    (torch's name, ``""``: unknown)."""
 
     name: str
     size_bytes: int
     element_bytes: int = 1
+    dtype: str = ""
 
 
 def _resolve(raw_deps: Sequence[tuple[int, ...]], kept: Sequence[bool]) -> list[tuple[int, ...]]:
@@ -223,6 +225,7 @@ def build_window(
                     producer=bw_name[producer_raw],
                     consumers=tuple(consumers.get(param.name, ())),
                     element_bytes=param.element_bytes,
+                    dtype=param.dtype,
                 ),
             )
         )

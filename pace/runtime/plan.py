@@ -155,8 +155,10 @@ def plan_from_schedule(
         if len(dtypes) > 1:
             raise InputError(
                 f"a fused unit must carry one dtype, this one mixes {sorted(dtypes)}; `pace "
-                "compile` fuses only tensors of one element size and cannot tell dtypes of one "
-                "size apart (float16, bfloat16): compile with --no-fusion --no-order-search",
+                "compile` fuses only tensors of one dtype where the trace records dtypes (`pace "
+                "profile` and `pace import` of this version do) and of one element size where "
+                "it does not: profile again and compile, or compile with --no-fusion "
+                "--no-order-search",
                 where=where,
                 field=f"units[{ui}]",
             )

@@ -214,7 +214,7 @@ def ddp_buckets(
     prep: TraceAnalysis, order: Iterable[int], *, cap_bytes: int, first_bytes: int
 ) -> list[list[int]]:
     """PyTorch DDP's bucket assignment (the reducer's ``compute_bucket_assignment_by_size``):
-    walk tensors in ``order``, each into the open bucket of its dtype (here: its element size;
+    walk tensors in ``order``, each into the open bucket of its dtype (``Tensor.fusion_kind``;
     a bucket holds one dtype), and close that bucket once its size reaches its limit (so a bucket
     may exceed it by its last tensor); each dtype's first bucket's limit is ``first_bytes``,
     every later one ``cap_bytes``. Buckets in the order they closed, then the ones left open in
@@ -223,10 +223,10 @@ def ddp_buckets(
     walk = list(order)
     position = {k: i for i, k in enumerate(walk)}
     buckets: list[list[int]] = []
-    open_: dict[int, tuple[list[int], int]] = {}  # element size -> (tensors, bytes)
-    limits: dict[int, int] = {}
+    open_: dict[tuple[int, str], tuple[list[int], int]] = {}  # kind -> (tensors, bytes)
+    limits: dict[tuple[int, str], int] = {}
     for k in walk:
-        key = prep.element_bytes[k]
+        key = prep.fusion_kind[k]
         current, size = open_.pop(key, ([], 0))
         current.append(k)
         size += prep.size_bytes[k]
