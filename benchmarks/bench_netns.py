@@ -954,6 +954,7 @@ def fit_link(link: Link, backend: str, trace: Any, tmp: Path, reps: int) -> Any:
 
     batches = read_batches(f"{out}.batches")
     comm = with_batches(comm, batches)
+    assert comm.batched_alpha_us is not None  # with_batches sets it
     _say(
         "    tiny tensors issued at once (count: median ms): "
         + ", ".join(f"{k}: {us / 1e3:.2f}" for k, us in batches.medians_us.items())

@@ -240,7 +240,7 @@ def to_chrome(timeline: Timeline, *, trace: Trace | None = None) -> dict[str, An
     ``Group size``, ...); the file has ``distributedInfo`` (rank 0). ``trace`` (the trace the
     runs replayed) gives the element type and the group size; without it a unit counts bytes.
     """
-    sizes = {t.name: t.element_bytes for t in trace.tensors} if trace is not None else {}
+    kinds = {t.name: t.fusion_kind for t in trace.tensors} if trace is not None else {}
     workers = trace.comm.workers if trace is not None else 1
     events: list[dict[str, Any]] = []
     for pid, run in enumerate(timeline.runs, start=1):
@@ -259,7 +259,7 @@ def to_chrome(timeline: Timeline, *, trace: Trace | None = None) -> dict[str, An
             args = {**bar.args, "stream": tid, "device": 0}
             name = bar.name
             if bar.kind == "comm":
-                name, collective = _collective(bar, sizes, workers)
+                name, collective = _collective(bar, kinds, workers)
                 args.update(collective)
             events.append(
                 {
@@ -300,21 +300,24 @@ _NCCL_TYPES: dict[int, tuple[str, str]] = {
     8: ("f64", "Double"),
     1: ("u8", "Byte"),
 }
+# Where the trace records the dtype: the one element size cannot tell (float16 and bfloat16).
+_NCCL_DTYPES: dict[str, tuple[str, str]] = {"bfloat16": ("bf16", "BFloat16")}
 
 
 def _collective(
-    bar: Bar, element_bytes: Mapping[str, int], workers: int
+    bar: Bar, kinds: Mapping[str, tuple[int, str]], workers: int
 ) -> tuple[str, dict[str, Any]]:
     """A unit's kernel name and the collective args ``torch.profiler`` gives NCCL kernels.
 
-    One element type for the unit: its tensors' common element size (2 bytes reads as Half,
-    though it may be BFloat16), else bytes.
+    One element type for the unit: its tensors' common dtype where the trace records it and the
+    element size alone cannot tell it (bfloat16), else their common element size (2 bytes reads
+    as Half), else bytes.
     """
-    kinds = {element_bytes.get(t, 1) for t in bar.args.get("tensors", ())}
-    size = kinds.pop() if len(kinds) == 1 else 1
+    found = {kinds.get(t, (1, "")) for t in bar.args.get("tensors", ())}
+    size, dtype = found.pop() if len(found) == 1 else (1, "")
     if size not in _NCCL_TYPES:
         size = 1
-    short, scalar = _NCCL_TYPES[size]
+    short, scalar = _NCCL_DTYPES.get(dtype, _NCCL_TYPES[size])
     nbytes = int(bar.args.get("bytes", 0))
     nelems = nbytes // size
     return f"ncclDevKernel_AllReduce_Sum_{short}_RING_LL({bar.name})", {

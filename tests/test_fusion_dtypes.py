@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 
 from pace.compiler import compile_trace
 from pace.fusion import build_chain, plan_fusion
-from pace.ir import Schedule, Trace
+from pace.ir import Schedule, ScheduleMode, Trace
+from pace.options import FusionMethod
 from pace.runtime.plan import ParamInfo, plan_from_schedule
 from pace.synth import random_trace
+from pace.verify import verify_schedule
 from tests.strategies import typed_traces
 
 
@@ -47,10 +49,17 @@ def test_no_fusion_group_mixes_dtypes(trace: Trace, method: str) -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(trace=typed_traces(), mode=st.sampled_from(["overlap", "sync"]))
-def test_compiled_units_carry_one_dtype(trace: Trace, mode: str) -> None:
-    schedule = compile_trace(trace, mode=mode).schedule
+@given(
+    trace=typed_traces(),
+    mode=st.sampled_from(["overlap", "sync"]),
+    fusion=st.sampled_from(["search", "paper", "none"]),
+)
+def test_compiled_units_carry_one_dtype(
+    trace: Trace, mode: ScheduleMode, fusion: FusionMethod
+) -> None:
+    schedule = compile_trace(trace, mode=mode, fusion=fusion).schedule
     assert all(len(kinds) == 1 for kinds in _kinds_per_unit(trace, schedule))
+    verify_schedule(schedule, trace)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

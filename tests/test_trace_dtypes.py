@@ -197,3 +197,23 @@ def test_pace_profile_and_pace_import_record_each_gradients_dtype(tmp_path: Path
     for trace in (profiled, imported):
         verify_trace(trace)
         assert {t.element_bytes for t in trace.tensors if t.dtype == "bfloat16"} == {2}
+
+
+def test_the_timeline_names_a_bfloat16_unit_as_nccl_does() -> None:
+    # Element size alone reads 2 bytes as Half; the recorded dtype tells bfloat16 apart.
+    from pace.compiler import compile_trace
+    from pace.sim import schedule_policy, simulate
+    from pace.timeline import build_timeline, to_chrome
+
+    trace = _typed_tiny(("float16", "bfloat16"))
+    run = simulate(trace, schedule_policy(compile_trace(trace).schedule))
+    chrome = to_chrome(build_timeline(trace, {"pace": run}), trace=trace)
+    units = {
+        tuple(e["args"]["tensors"]): (e["name"].split("_RING")[0], e["args"]["dtype"])
+        for e in chrome["traceEvents"]
+        if e.get("cat") == "comm"
+    }
+    assert units == {
+        ("layer1.weight",): ("ncclDevKernel_AllReduce_Sum_bf16", "BFloat16"),
+        ("layer2.weight",): ("ncclDevKernel_AllReduce_Sum_f16", "Half"),
+    }
