@@ -570,11 +570,13 @@ def _order_searched(
     compiled: Trace, judges: Sequence[Trace], sched: Schedule, *, join_units: bool = True
 ) -> Schedule:
     """``sched`` with the issue order and units ``pace.order_search.descend`` finds from its
-    own (moves in the order, joins of two units: ``regroupings``) under the runtime's
-    strict-order replay on ``compiled``, no step slower on any of ``judges`` (the hedged cost
-    models); renumbered and marked ``in_order`` where it changed (the prediction is then that
-    replay: the contract's work-conserving replay would send a held-back unit early).
-    ``join_units=False``: moves in the order only (``pace.order_search.moves``)."""
+    own (moves in the order, joins of two units, splits of one where two of its slices meet:
+    ``regroupings``) under the runtime's strict-order replay on ``compiled``, no step slower on
+    any of ``judges`` (the hedged cost models); renumbered and marked ``in_order`` where it
+    changed (the prediction is then that replay: the contract's work-conserving replay would
+    send a held-back unit early). ``join_units=False``: moves in the order only
+    (``pace.order_search.moves``)."""
+    from pace.analysis import analyze
     from pace.order_search import descend, moves, regroupings
     from pace.sim import runtime_replay_us
 
@@ -585,31 +587,54 @@ def _order_searched(
         }
         return dataclasses.replace(sched, meta={**sched.meta, "order_search": info})
 
-    grouped = functools.partial(_grouped, sched)
+    # The search's members are the units' slices, each unit's listed in ready order (so that a
+    # split cuts it where an earlier part could go before a later one); it starts from the
+    # units as they are, each a group of its slices.
+    release = analyze(compiled).release_us
+    index = {t.name: k for k, t in enumerate(compiled.tensors)}
+    pieces: list[Slice] = []
+    start: list[tuple[int, ...]] = []
+    for u in sorted(units, key=lambda u: u.priority):
+        mine = sorted(
+            u.slices, key=lambda s: (release[index[s.tensor]], index[s.tensor], s.offset_bytes)
+        )
+        start.append(tuple(range(len(pieces), len(pieces) + len(mine))))
+        pieces.extend(mine)
+    grouped = functools.partial(
+        _grouped,
+        dataclasses.replace(
+            sched, units=tuple(Unit(priority=float(i), slices=(s,)) for i, s in enumerate(pieces))
+        ),
+    )
     # A unit is one buffer of one dtype (the runtime refuses a fused unit that mixes them): join
-    # only units whose tensors have one fusion kind (element size and dtype).
-    kind = {t.name: t.fusion_kind for t in compiled.tensors}
-    kinds_of = [{kind[s.tensor] for s in u.slices} for u in units]
+    # only pieces whose tensors have one fusion kind (element size and dtype).
+    kind_of = [{t.name: t.fusion_kind for t in compiled.tensors}[s.tensor] for s in pieces]
 
     def steps(groups: Sequence[tuple[int, ...]]) -> Iterator[list[tuple[int, ...]]]:
         for cand in regroupings(groups) if join_units else moves(groups):
-            if all(len(g) == 1 or len(set().union(*(kinds_of[u] for u in g))) == 1 for g in cand):
+            if all(len({kind_of[p] for p in g}) == 1 for g in cand):
                 yield cand
 
-    start: list[tuple[int, ...]] = [
-        (u,) for u in sorted(range(len(units)), key=lambda u: (units[u].priority, u))
-    ]
+    joined = split = 0
+
+    def count(before: Sequence[tuple[int, ...]], after: Sequence[tuple[int, ...]]) -> None:
+        nonlocal joined, split
+        joined += int(len(after) < len(before))
+        split += int(len(after) > len(before))
+
     result = descend(
         start,
         lambda groups: runtime_replay_us(compiled, grouped(groups)),
         others=lambda groups: [runtime_replay_us(j, grouped(groups)) for j in judges],
         budget=ORDER_SEARCH_BUDGET,
         neighbours=steps,
+        on_step=count,
     )
     info = {
         "moves": result.moves,
-        # Units joined: the steps that were joins, not moves in the order.
-        "joins": len(units) - len(result.order),
+        # The steps that were joins of two units and splits of one (the rest: moves in order).
+        "joins": joined,
+        "splits": split,
         "replays": result.evaluations,
         "local_optimum": not result.exhausted,
         "before_us": [result.start_objective, *result.start_others],

@@ -8,17 +8,22 @@ urgent ones behind it. Holding it back (the link idles until the urgent unit is 
 schedule neither the LP nor that replay can express, and on the calibrated traces of the
 throttled link it was 1-4% faster (docs/results.md).
 
-The same descent also joins units. Every unit the runtime issues costs a collective call:
+The same descent also joins units, and splits them. Every unit the runtime issues costs a
+collective call:
 the link's per-call delay and, on a host whose cores compute and communicate, the compute a call
 takes from the training beside it (the interference term, `docs/scheduling.md`). The fusion
 stage prices its groups with the optimal preemptive schedule, which charges neither, and the LP
 then splits jobs into pieces: on the calibrated traces of the throttled link, joining units
 after all (a bias with its weight's last piece, two neighbours) replayed 1.6-8.9% faster in the
-runtime's order (docs/results.md).
+runtime's order (docs/results.md). The other way, a fused group can hold back what the next
+forward needs first: the first layers' gradients, ready last, fused with 6 MiB of the layers
+before them, made that forward wait for the whole unit; sent apart, they replayed 1.4-3.4%
+faster on a 2 Gbit/s trace (:func:`splits`).
 
 :func:`descend` is the search, pure and generic: a first-improvement descent over the states one
 step away (``neighbours``: by default :func:`moves`, one unit taken out of the order and put
-back at another position; the compiler's :func:`regroupings` also joins two units), accepting a
+back at another position; the compiler's :func:`regroupings` also joins two units and splits
+one), accepting a
 step only where it is faster on the objective and no slower on every other judge (in the
 compiler: the other cost models it hedges over), within a budget of objective evaluations.
 
@@ -109,13 +114,28 @@ def joins(groups: Sequence[Group]) -> list[list[Group]]:
     return [*_neighbour_joins(groups), *_far_joins(groups)]
 
 
+def splits(groups: Sequence[Group]) -> Iterator[list[Group]]:
+    """Every grouping one split from ``groups``: a group of several members cut in two where its
+    members' order allows (the compiler lists them in ready order), the two parts issued one
+    after the other, in either order; the later end of the order first (the last groups are the
+    ones the next forward waits for)."""
+    for i in range(len(groups) - 1, -1, -1):
+        g = groups[i]
+        for k in range(len(g) - 1, 0, -1):
+            head, tail = g[:k], g[k:]
+            yield [*groups[:i], head, tail, *groups[i + 1 :]]
+            yield [*groups[:i], tail, head, *groups[i + 1 :]]
+
+
 def regroupings(groups: Sequence[Group]) -> Iterator[list[Group]]:
     """The compiler's steps from ``groups``: a join of neighbours (few, and the commonest gain:
     a bias beside its weight's last piece), then a move (:func:`moves`), then a join of two
-    units apart. Lazy: a first-improvement descent mostly takes one of the first."""
+    units apart, then a split (:func:`splits`). Lazy: a first-improvement descent mostly takes
+    one of the first."""
     yield from _neighbour_joins(groups)
     yield from moves(groups)
     yield from _far_joins(groups)
+    yield from splits(groups)
 
 
 def descend(
@@ -125,11 +145,13 @@ def descend(
     others: Callable[[Sequence[T]], Sequence[float]] | None = None,
     budget: int,
     neighbours: Callable[[Sequence[T]], Iterable[list[T]]] = moves,
+    on_step: Callable[[Sequence[T], Sequence[T]], None] | None = None,
 ) -> OrderSearch[T]:
     """First-improvement descent from ``order`` (see the module docstring): a step (one of
     ``neighbours(current)``) is taken where ``objective`` is at least ``REL_EPS`` smaller and no
     value of ``others`` (evaluated only then) is more than ``SLOWER_EPS`` larger than at the
-    current state. At most ``budget`` evaluations of ``objective`` besides the start's."""
+    current state. At most ``budget`` evaluations of ``objective`` besides the start's.
+    ``on_step(before, after)``: called with each step taken."""
     current = list(order)
     best = objective(current)
     best_others = tuple(others(current)) if others is not None else ()
@@ -149,6 +171,8 @@ def descend(
             rest = tuple(others(cand)) if others is not None else ()
             if any(r > b * (1.0 + SLOWER_EPS) for r, b in zip(rest, best_others, strict=True)):
                 continue
+            if on_step is not None:
+                on_step(current, cand)
             current, best, best_others = cand, value, rest
             taken += 1
             local_optimum = False

@@ -205,6 +205,27 @@ class HalfMLP(nn.Module):
         return out
 
 
+class MixedMLP(nn.Module):
+    """Layers kept in three precisions: float16, bfloat16, float16 again and a float32 head
+    (float16 and bfloat16 have one element size: only the dtype tells them apart)."""
+
+    inputs = "vec"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(WIDTH, 32).half()
+        self.fc2 = nn.Linear(32, 32).bfloat16()
+        self.fc3 = nn.Linear(32, 32).half()
+        self.head = nn.Linear(32, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = functional.relu(self.fc1(x.half()))
+        h = functional.relu(self.fc2(h.bfloat16()))
+        h = functional.relu(self.fc3(h.half()))
+        out: Tensor = self.head(h.float())
+        return out
+
+
 def _frozen_mlp() -> nn.Module:
     model = MLP()
     model.fc2.requires_grad_(False)  # a frozen layer in the middle: gradients flow through it
@@ -220,6 +241,7 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
     "frozen": _frozen_mlp,
     "reads-ahead": ReadsAhead,
     "half": HalfMLP,
+    "mixed": MixedMLP,
 }
 
 
@@ -299,6 +321,31 @@ def make_schedule(model: nn.Module, mode: Mode) -> Schedule:
     )
 
 
+def profiled_schedule(model: nn.Module, mode: Mode) -> Schedule:
+    """What ``pace profile`` then ``pace compile`` give for ``model``, the same on every rank:
+    the profiled op graph and tensors (their dtypes too) with every op's duration set to 100 us
+    (measured ones differ between ranks, and so would the schedules), on a link whose per-call
+    cost makes the compiler fuse all it may."""
+    import copy
+
+    from pace.compiler import compile_trace
+    from pace.profiler import profile
+
+    x, y = batch(inputs_of(model), -1, 0)
+    trace = profile(
+        copy.deepcopy(model),
+        lambda m: functional.cross_entropy(m(x), y),
+        iters=1,
+        warmup=1,
+        calibrate=0,
+        comm=CommModel(workers=2, alpha_us=1e5, beta_us_per_byte=0.001),
+    )
+    trace = dataclasses.replace(
+        trace, ops=tuple(dataclasses.replace(op, duration_us=100.0) for op in trace.ops)
+    )
+    return compile_trace(trace, mode=mode).schedule
+
+
 def forward_order_schedule(model: nn.Module, mode: Mode) -> Schedule:
     """One unit per tensor, in forward (registration) order: PACE's priorities, where the last
     layers' updates land last, after the first layers' forwards have started."""
@@ -328,7 +375,8 @@ class Case:
     )
     compiled: bool = False  # torch.compile(model, backend="aot_eager")
     broadcast_buffers: bool | None = None  # pace's knob; the reference: DDP's / a DDP-rule wrapper
-    schedule: Literal["compiled", "online", "wrong-mode", "forward-order"] = "compiled"
+    # compiled: make_schedule's; profiled: profiled_schedule's (pace profile, pace compile)
+    schedule: Literal["compiled", "online", "wrong-mode", "forward-order", "profiled"] = "compiled"
     pace_horovod_style: bool | None = None  # pace's loop in Horovod's pattern; None: as the ref's
     reference: bool = True
     framework: bool = False  # pace wraps a schedule file marked framework="horovod"
@@ -357,6 +405,7 @@ CASES: dict[str, Case] = {
     "compile": Case("mlp", compiled=True),
     "bf16": Case("mlp", loop="bf16"),
     "fp16-model": Case("half"),
+    "mixed-dtypes": Case("mixed", schedule="profiled"),
     "ema": Case("mlp", loop="ema"),
     "tied": Case("tied"),
     "frozen": Case("frozen"),
@@ -771,6 +820,8 @@ def _pace_run(
         schedule = make_schedule(model, mode)
     elif case.schedule == "forward-order":
         schedule = forward_order_schedule(model, mode)
+    elif case.schedule == "profiled":
+        schedule = profiled_schedule(model, mode)
     elif case.schedule == "wrong-mode":
         schedule = make_schedule(model, "overlap" if mode == "sync" else "sync")
     with tempfile.TemporaryDirectory() as tmp:
