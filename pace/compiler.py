@@ -608,7 +608,8 @@ def _order_searched(
     )
     # A unit is one buffer of one dtype (the runtime refuses a fused unit that mixes them): join
     # only pieces whose tensors have one fusion kind (element size and dtype).
-    kind_of = [{t.name: t.fusion_kind for t in compiled.tensors}[s.tensor] for s in pieces]
+    kinds = {t.name: t.fusion_kind for t in compiled.tensors}
+    kind_of = [kinds[s.tensor] for s in pieces]
 
     def steps(groups: Sequence[tuple[int, ...]]) -> Iterator[list[tuple[int, ...]]]:
         for cand in regroupings(groups) if join_units else moves(groups):

@@ -9,23 +9,22 @@ schedule neither the LP nor that replay can express, and on the calibrated trace
 throttled link it was 1-4% faster (docs/results.md).
 
 The same descent also joins units, and splits them. Every unit the runtime issues costs a
-collective call:
-the link's per-call delay and, on a host whose cores compute and communicate, the compute a call
-takes from the training beside it (the interference term, `docs/scheduling.md`). The fusion
-stage prices its groups with the optimal preemptive schedule, which charges neither, and the LP
-then splits jobs into pieces: on the calibrated traces of the throttled link, joining units
-after all (a bias with its weight's last piece, two neighbours) replayed 1.6-8.9% faster in the
-runtime's order (docs/results.md). The other way, a fused group can hold back what the next
-forward needs first: the first layers' gradients, ready last, fused with 6 MiB of the layers
-before them, made that forward wait for the whole unit; sent apart, they replayed 1.4-3.4%
-faster on a 2 Gbit/s trace (:func:`splits`).
+collective call: the link's per-call delay and, on a host whose cores compute and communicate,
+the compute a call takes from the training beside it (the interference term,
+`docs/scheduling.md`). The fusion stage prices its groups with the optimal preemptive
+schedule, which charges neither, and the LP then splits jobs into pieces: on the calibrated
+traces of the throttled link, joining units after all (a bias with its weight's last piece,
+two neighbours) replayed 1.6-8.9% faster in the runtime's order (docs/results.md). The other
+way, a fused group can hold back what the next forward needs first: the first layers'
+gradients, ready last, fused with 6 MiB of the layers before them, made that forward wait for
+the whole unit; sent apart, they replayed 1.4-3.4% faster on a 2 Gbit/s trace (:func:`splits`).
 
 :func:`descend` is the search, pure and generic: a first-improvement descent over the states one
 step away (``neighbours``: by default :func:`moves`, one unit taken out of the order and put
 back at another position; the compiler's :func:`regroupings` also joins two units and splits
-one), accepting a
-step only where it is faster on the objective and no slower on every other judge (in the
-compiler: the other cost models it hedges over), within a budget of objective evaluations.
+one), accepting a step only where it is faster on the objective and no slower on every other
+judge (in the compiler: the other cost models it hedges over), within a budget of objective
+evaluations.
 
 >>> sizes = [3.0, 1.0, 2.0]  # toy cost: weighted completion on one machine (Smith's rule)
 >>> def done(order):
