@@ -590,13 +590,14 @@ def _order_searched(
     # The search's members are the units' slices, each unit's listed in ready order (so that a
     # split cuts it where an earlier part could go before a later one); it starts from the
     # units as they are, each a group of its slices.
-    release = analyze(compiled).release_us
+    prep = analyze(compiled)
     index = {t.name: k for k, t in enumerate(compiled.tensors)}
     pieces: list[Slice] = []
     start: list[tuple[int, ...]] = []
     for u in sorted(units, key=lambda u: u.priority):
         mine = sorted(
-            u.slices, key=lambda s: (release[index[s.tensor]], index[s.tensor], s.offset_bytes)
+            u.slices,
+            key=lambda s: (prep.release_us[index[s.tensor]], index[s.tensor], s.offset_bytes),
         )
         start.append(tuple(range(len(pieces), len(pieces) + len(mine))))
         pieces.extend(mine)
@@ -608,8 +609,7 @@ def _order_searched(
     )
     # A unit is one buffer of one dtype (the runtime refuses a fused unit that mixes them): join
     # only pieces whose tensors have one fusion kind (element size and dtype).
-    kinds = {t.name: t.fusion_kind for t in compiled.tensors}
-    kind_of = [kinds[s.tensor] for s in pieces]
+    kind_of = [prep.fusion_kind[index[s.tensor]] for s in pieces]
 
     def steps(groups: Sequence[tuple[int, ...]]) -> Iterator[list[tuple[int, ...]]]:
         for cand in regroupings(groups) if join_units else moves(groups):

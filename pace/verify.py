@@ -416,8 +416,7 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
             field="units",
         )
     sizes = {t.name: t.size_bytes for t in trace.tensors}
-    elements = {t.name: t.element_bytes for t in trace.tensors}
-    kinds = {t.name: t.fusion_kind for t in trace.tensors}
+    kinds = {t.name: t.fusion_kind for t in trace.tensors}  # (element size, dtype)
     # tensor -> [(offset, end, field path)]
     pieces: dict[str, list[tuple[int, int, str]]] = {name: [] for name in sizes}
     for ui, unit in enumerate(schedule.units):
@@ -457,7 +456,7 @@ def verify_schedule(schedule: Schedule, trace: Trace, where: str = "") -> None:
                     field=f"{path}.bytes",
                 )
             end = s.offset_bytes + s.size_bytes
-            eb = elements[s.tensor]
+            eb = kinds[s.tensor][0]
             if s.offset_bytes % eb or s.size_bytes % eb:
                 raise InputError(
                     f"offset {s.offset_bytes} / bytes {s.size_bytes} of {_q(s.tensor)} are not "
