@@ -525,6 +525,32 @@ def test_lbfgs_and_double_wrap_are_refused() -> None:
         )
 
 
+@pytest.mark.horovod
+def test_a_gradient_dtype_horovod_cannot_reduce_is_refused_at_wrap() -> None:
+    """Horovod 0.28 reduces no bfloat16 tensor on the CPU (its own optimizer raises at the first
+    backward): wrap refuses such a model before training, naming the parameter and the way out."""
+    pytest.importorskip("horovod.torch")
+    from pace.runtime.backends import horovod_unreducible
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4).half(), nn.Linear(4, 2))
+    assert horovod_unreducible(list(model.named_parameters())) == []
+    model[2].to(torch.bfloat16)
+    assert horovod_unreducible(list(model.named_parameters())) == [
+        ("2.weight", "torch.BFloat16Tensor"),
+        ("2.bias", "torch.BFloat16Tensor"),
+    ]
+    for schedule in (None, "no-such-schedule.json"):
+        with pytest.raises(InputError) as info:
+            pace.runtime.wrap(
+                torch.optim.SGD(model.parameters(), lr=0.1), model, schedule, fallback=True
+            )
+        err = info.value
+        assert err.where == "backend"
+        assert "cannot all-reduce torch.BFloat16Tensor" in err.detail
+        assert "'2.weight', '2.bias'" in err.detail
+        assert "backend='torch'" in err.detail
+
+
 def test_mismatched_schedule_file_is_refused_at_start(tmp_path: Path) -> None:
     other = nn.Sequential(nn.Linear(6, 16), nn.Linear(16, 3))
     path = tmp_path / "other.schedule.json"

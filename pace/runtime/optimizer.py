@@ -25,6 +25,7 @@ import contextlib
 import functools
 import math
 import os
+import sys
 import time
 import types
 import warnings
@@ -45,6 +46,7 @@ from pace.runtime.backends import (
     Backend,
     CollectiveTimeoutError,
     horovod_broadcast_from_rank0,
+    horovod_unreducible,
     import_horovod,
     make_backend,
     wait_polling,
@@ -463,6 +465,8 @@ def wrap(
     module = inner if isinstance(inner, torch.nn.Module) else model
     names, params, group_of = _managed_params(optimizer, module)
     infos = [_param_info(n, p) for n, p in zip(names, params, strict=True)]
+    if backend == "horovod":
+        _refuse_unreducible(list(zip(names, params, strict=True)))
     want_mode = "sync" if options.sync else "overlap"
 
     mode: Literal["replay", "online"] = "replay"
@@ -632,6 +636,25 @@ def wrap(
     finalizer = weakref.finalize(wrapped, _close_all, engine, loop)
     atexit.register(finalizer)
     return wrapped
+
+
+def _refuse_unreducible(named: list[tuple[str, torch.nn.Parameter]]) -> None:
+    """Refuse, at wrap and on every rank (the parameters' types are the same on each), a model
+    with a gradient Horovod cannot reduce; else Horovod's own ``ValueError`` comes from inside
+    the first backward pass, on every rank, after the first iteration's forward."""
+    bad = horovod_unreducible(list(named))
+    if not bad:
+        return
+    kinds = sorted({kind for _, kind in bad})
+    version = getattr(sys.modules.get("horovod"), "__version__", "(version unknown)")
+    shown = ", ".join(repr(name) for name, _ in bad[:3])
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    raise InputError(
+        f"Horovod {version} cannot all-reduce {' or '.join(kinds)} "
+        f"(parameters {shown}{more}); train with backend='torch' (torch.distributed reduces "
+        "them), or keep these parameters in a dtype Horovod reduces (float32, float16)",
+        where="backend",
+    )
 
 
 def _close_all(engine: Engine, loop: DriftLoop | None) -> None:
