@@ -1078,6 +1078,11 @@ class IdleSplit:
     # runtime or its collectives.
     head_gradients: int | None = None
     head_local_ms: float | None = None
+    # The other rank (the one that issued first): from its forward's end to as many gradients
+    # (median), and `local`'s faster rank to as many: beside the two above, whether the
+    # runtime's head is slower on both ranks or only on the one the channel waited for.
+    head_ahead_ms: float | None = None
+    head_local_ahead_ms: float | None = None
 
 
 class Predicted(NamedTuple):
@@ -1900,6 +1905,7 @@ def measured_idle(
     tails, heads, withins = [], [], []
     split: list[tuple[float, float, float]] = []  # per iteration: backward, dispatch, skew
     counts: list[int] = []  # per iteration: gradients marked after the forward, before issue
+    aheads: list[float] = []  # per iteration: the other rank's backward to as many gradients
     for it in range(len(ends0)):
         if not counted_iteration(it, per_block):
             continue
@@ -1916,7 +1922,14 @@ def measured_idle(
             last = max(range(len(issued)), key=issued.__getitem__)
             ready = grads[last][: bisect.bisect_right(grads[last], issued[last])]
             backward_end = ready[-1] if ready else marks[last][it][1]
-            counts.append(len(ready) - bisect.bisect_right(grads[last], marks[last][it][1]))
+            count = len(ready) - bisect.bisect_right(grads[last], marks[last][it][1])
+            counts.append(count)
+            for r in range(len(per_rank)):
+                if r == last or count < 1:
+                    continue
+                after = bisect.bisect_right(grads[r], marks[r][it][1])
+                if after + count <= len(grads[r]):
+                    aheads.append(grads[r][after + count - 1] - marks[r][it][1])
             split.append(
                 (
                     backward_end - marks[last][it][1],
@@ -1935,6 +1948,7 @@ def measured_idle(
         head_dispatch_ms=parts[1] if parts else None,
         head_skew_ms=parts[2] if parts else None,
         head_gradients=round(statistics.median(counts)) if counts else None,
+        head_ahead_ms=statistics.median(aheads) * 1e3 if aheads else None,
     )
 
 
@@ -1943,12 +1957,14 @@ def local_ready_ms(
     grads: Sequence[Sequence[float]],
     per_block: int,
     count: int,
+    *,
+    slower: bool = True,
 ) -> list[float] | None:
     """How long `local`'s backward took to mark 1, 2, ... ``count`` gradients ready after its
     forward's end: per iteration and gradient the slower rank's (the channel waits for the
-    later one), the median over the iterations ``measured_idle`` counts; None where none had
-    that many. ``marks``, ``grads`` (sorted): every rank's, as the runtime's monitor gives them
-    (the worker logs `local`'s too)."""
+    later one; ``slower=False``: the faster rank's), the median over the iterations
+    ``measured_idle`` counts; None where none had that many. ``marks``, ``grads`` (sorted):
+    every rank's, as the runtime's monitor gives them (the worker logs `local`'s too)."""
     if count < 1:
         return None
     per_iteration = []
@@ -1962,7 +1978,8 @@ def local_ready_ms(
                 break  # fewer than ``count`` gradients before this backward's end
             took.append([t - m[it][1] for t in g[first : first + count]])
         else:
-            per_iteration.append([max(ranks) for ranks in zip(*took, strict=True)])
+            pick = max if slower else min
+            per_iteration.append([pick(ranks) for ranks in zip(*took, strict=True)])
     if not per_iteration:
         return None
     return [statistics.median(k) * 1e3 for k in zip(*per_iteration, strict=True)]
@@ -1973,9 +1990,11 @@ def local_backward_ms(
     grads: Sequence[Sequence[float]],
     per_block: int,
     count: int,
+    *,
+    slower: bool = True,
 ) -> float | None:
     """``local_ready_ms``'s last: `local`'s backward to ``count`` gradients."""
-    ready = local_ready_ms(marks, grads, per_block, count)
+    ready = local_ready_ms(marks, grads, per_block, count, slower=slower)
     return ready[-1] if ready else None
 
 
@@ -1992,10 +2011,14 @@ def _idle_of(prefix: Path, per_block: int, local: Path | None = None) -> IdleSpl
         return idle
     if not Path(f"{local}.marks.rank0").exists():
         return idle
-    local_ms = local_backward_ms(
-        *_marks_and_grads(local, len(logs)), per_block, idle.head_gradients
+    local_logs = _marks_and_grads(local, len(logs))
+    return dataclasses.replace(
+        idle,
+        head_local_ms=local_backward_ms(*local_logs, per_block, idle.head_gradients),
+        head_local_ahead_ms=local_backward_ms(
+            *local_logs, per_block, idle.head_gradients, slower=False
+        ),
     )
-    return dataclasses.replace(idle, head_local_ms=local_ms)
 
 
 def _marks_and_grads(prefix: Path, ranks: int) -> tuple[list[Any], list[list[float]]]:
@@ -3031,7 +3054,7 @@ def _print_idle(rows: Sequence[Row], *, markdown: bool = False) -> None:
     measured and in the replay: the part of a period's miss that is not the channel's."""
     head = ["rate", "backend", "variant", "tail ms", "predicted", "head ms", "predicted"]
     head += ["within ms", "predicted", "idle miss ms", "head: backward", "local's", "dispatch"]
-    head += ["skew"]
+    head += ["skew", "other rank's", "local's faster"]
     lines = []
     for r in rows:
         got, want = r.idle, r.predicted_idle
@@ -3041,7 +3064,8 @@ def _print_idle(rows: Sequence[Row], *, markdown: bool = False) -> None:
         pairs.append((got.within_ms, want.within_ms))
         miss = sum(a - b for a, b in pairs)
         cells = [r.rate, r.backend, r.variant, *(_ms(x) for pair in pairs for x in pair)]
-        split = (got.head_backward_ms, got.head_local_ms, got.head_dispatch_ms, got.head_skew_ms)
+        split = [got.head_backward_ms, got.head_local_ms, got.head_dispatch_ms, got.head_skew_ms]
+        split += [got.head_ahead_ms, got.head_local_ahead_ms]
         lines.append([*cells, f"{miss:+.1f}", *(_ms(x) for x in split)])
     if lines:
         _print_table(head, lines, markdown=markdown)
@@ -3194,7 +3218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "how long the same launch's `local` took from its forward's end to as many gradients "
         "(its slower rank: the same compute without the runtime), dispatch = "
         "from there to its issue (the runtime's wake-up and the unit's packing), skew = how "
-        "much later than the other rank it issued"
+        "much later than the other rank it issued; other rank's = the rank that issued first, "
+        "from its forward's end to as many gradients, local's faster = `local`'s faster rank "
+        "to as many (the same compute without the runtime: where the runtime's head is slow "
+        "on the waited-for rank only)"
     )
     _print_idle(rows, markdown=args.markdown)
     if gains := replacement_gains(rows):

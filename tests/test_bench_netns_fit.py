@@ -473,6 +473,7 @@ def test_the_measured_idle_is_the_gaps_of_the_timeline_the_logs_describe(
     marks: list[list[tuple[float, float, float]]] = [[], []]
     grads: list[list[float]] = [[], []]
     tails, heads, withins, splits = [], [], [], []
+    aheads: list[float | None] = []
     t_s = 100.0
     for _ in range(blocks):
         last_end_s = t_s
@@ -494,6 +495,11 @@ def test_the_measured_idle_is_the_gaps_of_the_timeline_the_logs_describe(
                 grads[r] += [forward_ends[r] - 1e-6, ready_s, issued[r] + 5e-4]
             last = max(range(2), key=issued.__getitem__)
             ready_last = grads[last][-2]
+            # The other rank to as many gradients (the one ready strictly after the forward's
+            # end, where the rank the channel waited for had one) after its own forward's end.
+            first = 1 - last
+            own = [g for g in grads[first][-3:] if g > forward_ends[first]]
+            aheads.append(own[0] - forward_ends[first] if ready_last > forward_ends[last] else None)
             splits.append(
                 (
                     ready_last - forward_ends[last],
@@ -517,6 +523,7 @@ def test_the_measured_idle_is_the_gaps_of_the_timeline_the_logs_describe(
                 withins.append(within)
             else:
                 splits.pop()
+                aheads.pop()
         t_s = last_end_s + 10.0  # other variants' blocks in between
     assert bench_netns.measured_idle(per_rank, marks, per_block).head_backward_ms is None
     got = bench_netns.measured_idle(per_rank, marks, per_block, [sorted(g) for g in grads])
@@ -528,6 +535,11 @@ def test_the_measured_idle_is_the_gaps_of_the_timeline_the_logs_describe(
     assert got.head_backward_ms == pytest.approx(backward, abs=1e-6)
     assert got.head_dispatch_ms == pytest.approx(dispatch, abs=1e-6)
     assert got.head_skew_ms == pytest.approx(skew, abs=1e-6)
+    counted = [a for a in aheads if a is not None]
+    if counted:
+        assert got.head_ahead_ms == pytest.approx(np.median(counted) * 1e3, abs=1e-6)
+    else:
+        assert got.head_ahead_ms is None
 
 
 def test_the_head_counts_the_gradients_before_the_issue() -> None:
@@ -552,7 +564,7 @@ def test_local_backward_is_the_slower_ranks_time_to_as_many_gradients() -> None:
     per_block = 4  # iterations 1 and 2 of each block count
     marks: list[list[tuple[float, float, float]]] = [[], []]
     grads: list[list[float]] = [[], []]
-    want = []
+    want, want_faster = [], []
     for it in range(2 * per_block):
         f = 10.0 * it + 1.0
         offsets = [[0.1, 0.2 + it / 100, 0.5], [0.15, 0.25, 0.6]]  # rank 0 slower from it 5 on
@@ -561,8 +573,11 @@ def test_local_backward_is_the_slower_ranks_time_to_as_many_gradients() -> None:
             grads[r] += [f + x for x in offsets[r]]
         if 1 <= it % per_block <= 2:
             want.append(max(offsets[0][1], offsets[1][1]))
+            want_faster.append(min(offsets[0][1], offsets[1][1]))
     got = bench_netns.local_backward_ms(marks, grads, per_block, 2)
     assert got == pytest.approx(np.median(want) * 1e3)
+    faster = bench_netns.local_backward_ms(marks, grads, per_block, 2, slower=False)
+    assert faster == pytest.approx(np.median(want_faster) * 1e3)
     assert bench_netns.local_backward_ms(marks, grads, per_block, 3) == pytest.approx(600.0)
     # More gradients than a backward marks, or none: nothing to compare.
     assert bench_netns.local_backward_ms(marks, grads, per_block, 4) is None
