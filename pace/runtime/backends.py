@@ -16,7 +16,7 @@ import itertools
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -96,7 +96,7 @@ def import_horovod() -> Any:
     return hvd
 
 
-def horovod_unreducible(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, str]]:
+def horovod_unreducible(named: Sequence[tuple[str, torch.Tensor]]) -> list[tuple[str, str]]:
     """The (name, tensor type) of each tensor in ``named`` that this Horovod build cannot
     all-reduce, by Horovod's own table: ``horovod.torch.mpi_ops`` looks up one C function per
     tensor type and raises ``ValueError('Tensor type ... is not supported.')`` at the first

@@ -642,7 +642,7 @@ def _refuse_unreducible(named: list[tuple[str, torch.nn.Parameter]]) -> None:
     """Refuse, at wrap and on every rank (the parameters' types are the same on each), a model
     with a gradient Horovod cannot reduce; else Horovod's own ``ValueError`` comes from inside
     the first backward pass, on every rank, after the first iteration's forward."""
-    bad = horovod_unreducible(list(named))
+    bad = horovod_unreducible(named)
     if not bad:
         return
     kinds = sorted({kind for _, kind in bad})
