@@ -591,7 +591,7 @@ def _order_searched(
     # split cuts it where an earlier part could go before a later one); it starts from the
     # units as they are, each a group of its slices.
     prep = analyze(compiled)
-    index = {t.name: k for k, t in enumerate(compiled.tensors)}
+    index = prep.tensor_index
     pieces: list[Slice] = []
     start: list[tuple[int, ...]] = []
     for u in sorted(units, key=lambda u: u.priority):
