@@ -43,6 +43,7 @@ for path in (ROOT, ROOT / "benchmarks"):
 
 MODES = ("local", "early", "rendezvous")
 HEAD_COLUMNS = ("rate", "mode", "head (issued last)", "head (other rank)", "skew", "channel head")
+HEAD_KEYS = ("behind", "ahead", "skew", "channel")  # ``summary``'s, in HEAD_COLUMNS' order
 BATCH = 10
 
 
@@ -135,7 +136,7 @@ def worker(out: str, blocks: int, steps: int, first: int) -> None:
 def summary(ranks: list[list[dict[str, Any]]], mode: str) -> dict[str, list[float]]:
     """Per counted iteration of ``mode`` (both ranks' rows), ms: the later-issuing rank's head,
     the other's, the skew, the channel's head and the iteration."""
-    out: dict[str, list[float]] = {k: [] for k in ("behind", "ahead", "skew", "channel", "it")}
+    out: dict[str, list[float]] = {k: [] for k in (*HEAD_KEYS, "it")}
     for a, b in zip(*ranks, strict=True):
         if a["mode"] != mode:
             continue
@@ -180,8 +181,7 @@ def main() -> int:
             ranks = json.loads(Path(out).read_text())
             for mode in MODES:
                 got = summary(ranks, mode)
-                cells = [f"{statistics.median(got[k]):.1f}" for k in ("behind", "ahead")]
-                cells += [f"{statistics.median(got[k]):.1f}" for k in ("skew", "channel")]
+                cells = [f"{statistics.median(got[k]):.1f}" for k in HEAD_KEYS]
                 it = f"{statistics.median(got['it']):.1f} ({iqr(got['it']):.1f})"
                 rows.append([rate, mode, *cells, it, len(got["it"])])
     print_table(
